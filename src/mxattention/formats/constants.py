@@ -18,9 +18,9 @@ MX_BLOCK_SIZE = 32
 NVFP4_BLOCK_SIZE = 16
 F4_E2M1_MAX = 6.0
 F8_E4M3_MAX = 448.0
-# Smallest positive E4M3 value (a subnormal): block scales are clamped up to it so that an
-# all-zero block never divides by zero (the convention of NVIDIA's and torchao's casts).
-F8_E4M3_MIN_POSITIVE = 2.0**-9
+# Smallest normal E4M3 value: NVFP4 block scales are clamped up to it before the E4M3 cast, so an
+# all-zero block never divides by zero (the convention of NVIDIA's reference cast and torchao's).
+F8_E4M3_MIN_NORMAL = 2.0**-6
 
 # IEEE float32 layout, used to read exponents exactly from the bits.
 F32_MANTISSA_BITS = 23

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Create .venv with everything the demo, the study and the tests need, from scratch.
+# TORCH_SPEC picks the torch build: the default is the CPU wheel this project is tested with;
+# on a GPU machine with a working torch, run with TORCH_SPEC=skip to keep it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+if [ "$TORCH_SPEC" != skip ]; then
+  python -m pip install -q "$TORCH_SPEC"
+fi
+# The constraint keeps every later install from swapping torch for another (multi-GB CUDA) build.
+python -c 'import torch; print(f"torch=={torch.__version__.split(\"+\")[0]}")' > .venv/torch-constraint.txt
+python -m pip install -q -c .venv/torch-constraint.txt -e ".[dev,gpu,eval]"

@@ -53,7 +53,7 @@ class ElementLadder:
         """Bit pattern (without sign) of a magnitude that lies exactly on the ladder."""
         if value == 0:
             return 0
-        m, e = math.frexp(value)  # value = m * 2**e, m in [0.5, 1)
+        _, e = math.frexp(value)  # value = m * 2**e, m in [0.5, 1)
         exp = e - 1
         if exp < self.min_normal_exp:
             return round(value / 2.0 ** (self.min_normal_exp - self.mbits))

@@ -68,6 +68,11 @@ def test_rotate_preserves_inner_products_and_is_involution(d):
     torch.testing.assert_close(rotate(q), (q.double() @ r).float(), rtol=1e-5, atol=1e-5)
 
 
+def test_rotate_small_power_of_two_uses_full_hadamard():
+    x = torch.randn(5, 4, dtype=torch.float64)
+    torch.testing.assert_close(rotate(x), x @ hadamard_matrix(4, dtype=torch.float64))
+
+
 def test_rotate_non_power_of_two_mixes_only_within_blocks():
     x = torch.zeros(80)
     x[20] = 1.0  # inside the second block of 16

@@ -52,6 +52,7 @@ def test_ranges_e2m1():
     )
     assert 4.0 in normalized_max_range("ocp") and 8.0 not in normalized_max_range("ocp")
     assert 3.0 not in normalized_max_range("tfs") and 6.0 in normalized_max_range("tfs")
+    assert np.float32(5.0) in normalized_max_range("tfs") and "5" not in normalized_max_range("tfs")
 
 
 def test_overflow_intervals():

@@ -20,6 +20,7 @@ import numpy as np
 from mxattention.formats.ladders import LADDERS, get_ladder
 from mxattention.theory import (
     Interval,
+    J,
     PhaseDensity,
     RuleRow,
     brute_force_boundary,
@@ -28,7 +29,6 @@ from mxattention.theory import (
     optimal_boundary_exact,
     rule_table,
 )
-from mxattention.theory.objective import J
 
 NAME = "theory"
 HELP = "rule table and optimal scaling boundary (why 7.25), optionally Figure 2"

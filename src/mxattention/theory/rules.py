@@ -12,6 +12,7 @@ Probabilities are under the log-uniform density of M (H = 1), so the probability
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 from mxattention.formats.ladders import get_ladder
@@ -32,7 +33,7 @@ class Interval:
     high_closed: bool
 
     def __contains__(self, x: object) -> bool:
-        if not isinstance(x, (int, float)):
+        if not isinstance(x, numbers.Real) or isinstance(x, bool):
             return False
         above = x >= self.low if self.low_closed else x > self.low
         below = x <= self.high if self.high_closed else x < self.high

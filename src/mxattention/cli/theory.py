@@ -1,0 +1,232 @@
+"""Why 7.25: the OCP / TFS / UOS rule table, the optimal boundary of every ladder, and Figure 2.
+
+Prints, for one element ladder (e2m1 unless --elem) or all of them (--all-elems), each rule's
+shared-exponent formula, boundary, range of the normalized block max, saturating interval and its
+probability, and the objective J under log-uniform block maxima; then q* of every ladder, exactly.
+--plot draws the paper's Figure 2 (J(q) for several phase densities, each relative to its own
+minimum, q from the ladder's max to the next power of two: 6..8 for e2m1); --json saves the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mxattention.formats.ladders import LADDERS, get_ladder
+from mxattention.theory import (
+    Interval,
+    J,
+    PhaseDensity,
+    RuleRow,
+    brute_force_boundary,
+    figure_densities,
+    optimal_boundary,
+    optimal_boundary_exact,
+    rule_table,
+)
+
+NAME = "theory"
+HELP = "rule table and optimal scaling boundary (why 7.25), optionally Figure 2"
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+TABLE_GRID_STEPS = 40  # 6.00..8.00 step 0.05 for e2m1, as in the paper's sweep
+PLOT_GRID_STEPS = 400
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the options of `mxattention theory`."""
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
+        "--elem",
+        type=str.lower,
+        choices=sorted(LADDERS),
+        default="e2m1",
+        help="element ladder of the rule table and figure (default: e2m1)",
+    )
+    which.add_argument("--all-elems", action="store_true", help="print the rule table of every ladder")
+    parser.add_argument("--plot", metavar="PATH", help=f"save Figure 2 ({'/'.join(PLOT_SUFFIXES)})")
+    parser.add_argument("--json", metavar="PATH", help="write the numbers as JSON")
+
+
+def q_grid(elem: str, steps: int) -> np.ndarray:
+    """Boundaries from the ladder's max (TFS) to 2^(emax+1) (OCP's range end): 6..8 for e2m1."""
+    lad = get_ladder(elem)
+    return np.linspace(lad.max_value, 2.0 ** (lad.emax + 1), steps + 1)
+
+
+def _interval_json(iv: Interval | None) -> dict[str, Any] | None:
+    if iv is None:
+        return None
+    return {
+        "low": iv.low,
+        "high": iv.high,
+        "low_closed": iv.low_closed,
+        "high_closed": iv.high_closed,
+        "text": str(iv),
+    }
+
+
+def _row_json(row: RuleRow) -> dict[str, Any]:
+    return {
+        "rule": row.rule,
+        "exponent": row.exponent,
+        "boundary": row.boundary,
+        "normalized_max_range": _interval_json(row.normalized_max_range),
+        "overflow_interval": _interval_json(row.overflow_interval),
+        "overflow_probability": row.overflow_probability,
+        "j_loguniform": row.j_loguniform,
+    }
+
+
+def _objective_curves(elem: str, densities: dict[str, PhaseDensity]) -> dict[str, Any]:
+    qs = q_grid(elem, TABLE_GRID_STEPS)
+    return {
+        "q": qs.tolist(),
+        "densities": {
+            name: {
+                "label": d.label,
+                "J": np.asarray(J(qs, elem, d)).tolist(),
+                "grid_argmin": brute_force_boundary(elem, d, qs),
+            }
+            for name, d in densities.items()
+        },
+    }
+
+
+def _format_table(elem: str, rows: list[RuleRow]) -> str:
+    lad = get_ladder(elem)
+    j_uos = next(r.j_loguniform for r in rows if r.rule == "uos")
+    head = (
+        "rule",
+        "exponent",
+        "boundary",
+        "M/sigma range",
+        "saturates on",
+        "P(saturate)",
+        "J log-unif",
+        "J/J_uos",
+    )
+    body = [
+        (
+            r.rule,
+            r.exponent,
+            f"{r.boundary:.17g}",
+            str(r.normalized_max_range),
+            "none" if r.overflow_interval is None else str(r.overflow_interval),
+            f"{r.overflow_probability:.6f}",
+            f"{r.j_loguniform:.6e}",
+            f"{r.j_loguniform / j_uos:.6f}",
+        )
+        for r in rows
+    ]
+    widths = [max(len(line[i]) for line in (head, *body)) for i in range(len(head))]
+    lines = [f"Shared-scale rules for {lad.name} (max {lad.max_value:g}), log-uniform block maxima:"]
+    for line in (head, *body):
+        lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+    return "\n".join(lines)
+
+
+def _format_boundaries() -> str:
+    lines = ["Optimal UOS boundary q* (the root of E(q) = 8 E(q/2)) of every ladder:"]
+    for name in sorted(LADDERS):
+        exact = optimal_boundary_exact(name)
+        lines.append(f"  {name}  q* = {optimal_boundary(name)!r:<20} exactly {exact}")
+    return "\n".join(lines)
+
+
+def plot_figure2(path: Path, elem: str = "e2m1", densities: dict[str, PhaseDensity] | None = None) -> None:
+    """Save Figure 2: J(q) / min J - 1 per density over q in [max, 2^(emax+1)], q* marked.
+
+    Needs matplotlib (imported here so the rest of the package does not).
+    """
+    from matplotlib.figure import Figure  # Figure + savefig uses the Agg canvas, no pyplot state
+
+    dens = figure_densities() if densities is None else densities
+    qs = q_grid(elem, PLOT_GRID_STEPS)
+    q_star = optimal_boundary(elem)
+    t = np.linspace(0.0, 1.0, 401)
+    fig = Figure(figsize=(10.0, 4.0), layout="constrained")
+    ax_h, ax_j = fig.subplots(1, 2, width_ratios=(1.0, 1.6))
+    for name, d in dens.items():
+        (line,) = ax_h.plot(t, d.H(t), label=name)
+        vals = np.asarray(J(qs, elem, d))
+        q_min = brute_force_boundary(elem, d, qs)
+        rel = 100.0 * (vals / vals.min() - 1.0)
+        ax_j.plot(qs, rel, color=line.get_color(), label=f"{name} (grid min {q_min:g})")
+        ax_j.plot(
+            [q_min], [100.0 * (float(J(q_min, elem, d)) / vals.min() - 1.0)], "o", color=line.get_color()
+        )
+    ax_h.axvline(np.log2(q_star) % 1.0, color="black", linestyle=":", linewidth=1.0, label="phase of q*")
+    ax_h.set(xlabel="phase t = log2(M) mod 1", ylabel="H(t)", title="phase densities")
+    ax_h.legend(fontsize="small")
+    ax_j.axvline(q_star, color="black", linestyle="--", linewidth=1.0, label=f"q* = {q_star:g}")
+    ax_j.set(
+        xlabel="boundary q (normalized block max in (q/2, q])",
+        ylabel="J(q) / min J - 1  (%)",
+        title=f"UOS objective, {get_ladder(elem).name}: same minimum for every density",
+    )
+    ax_j.legend(fontsize="small")
+    fig.savefig(path, dpi=150)
+
+
+def _check_output(parser: argparse.ArgumentParser, option: str, value: str | None) -> Path | None:
+    if value is None:
+        return None
+    path = Path(value)
+    if not path.parent.is_dir():
+        parser.error(f"{option}: directory {str(path.parent)!r} does not exist")
+    if path.is_dir():
+        parser.error(f"{option}: {value!r} is a directory, give a file name")
+    return path
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run `mxattention theory`; returns the exit code."""
+    parser: argparse.ArgumentParser = args.parser
+    plot_path = _check_output(parser, "--plot", args.plot)
+    json_path = _check_output(parser, "--json", args.json)
+    if plot_path is not None and plot_path.suffix.lower() not in PLOT_SUFFIXES:
+        parser.error(f"--plot: file name must end in one of {', '.join(PLOT_SUFFIXES)}, got {args.plot!r}")
+    elems = sorted(LADDERS) if args.all_elems else [args.elem]
+
+    report: dict[str, Any] = {"elems": {}, "optimal_boundaries": {}}
+    for elem in elems:
+        rows = rule_table(elem)
+        print(_format_table(elem, rows), end="\n\n")
+        report["elems"][elem] = {
+            "max_value": get_ladder(elem).max_value,
+            "rules": [_row_json(r) for r in rows],
+            "objective": _objective_curves(elem, figure_densities()),
+        }
+    print(_format_boundaries())
+    for name in sorted(LADDERS):
+        report["optimal_boundaries"][name] = {
+            "value": optimal_boundary(name),
+            "exact": str(optimal_boundary_exact(name)),
+            "stored": get_ladder(name).uos_boundary,
+        }
+
+    try:
+        if json_path is not None:
+            json_path.write_text(json.dumps(report, indent=2) + "\n")
+            print(f"wrote {json_path}")
+        if plot_path is not None:
+            plot_figure2(plot_path, elems[0])
+            print(f"wrote {plot_path}")
+    except ImportError as exc:
+        print(
+            f"mxattention theory: error: --plot needs matplotlib ({exc}); install mxattention[eval]",
+            file=sys.stderr,
+        )
+        return 1
+    except OSError as exc:
+        print(
+            f"mxattention theory: error: cannot write {exc.filename or 'output'}: {exc.strerror}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

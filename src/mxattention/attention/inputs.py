@@ -1,0 +1,106 @@
+"""Argument checks of the SDPA-compatible entry point, done once at the boundary.
+
+Every error names the argument and says what was expected; nothing is reshaped or converted
+silently (the only conversion is the exact upcast of fp16 / bf16 operands to fp32 inside).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class Shapes:
+    batch: int
+    q_heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    v_dim: int
+
+
+def check_qkv(query: object, key: object, value: object, enable_gqa: bool) -> Shapes:
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in _FLOATS:
+            raise TypeError(f"{name} must be float32, float16 or bfloat16, got {t.dtype}")
+        if t.dim() != 4:
+            raise ValueError(
+                f"{name} must be 4-D [batch, heads, seq_len, head_dim], got shape {tuple(t.shape)}"
+            )
+    assert (
+        isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor) and isinstance(value, torch.Tensor)
+    )
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(
+            f"query, key and value must share one dtype, got {query.dtype}, {key.dtype}, {value.dtype}"
+        )
+    if not (query.device == key.device == value.device):
+        raise ValueError(
+            f"query, key and value must be on one device, got {query.device}, {key.device}, {value.device}"
+        )
+    b, hq, lq, d = query.shape
+    bk, hk, lk, dk = key.shape
+    bv, hv, lv, dv = value.shape
+    if not (b == bk == bv):
+        raise ValueError(f"batch sizes differ: query {b}, key {bk}, value {bv}")
+    if dk != d:
+        raise ValueError(f"key head_dim {dk} must equal query head_dim {d}")
+    if hk != hv:
+        raise ValueError(f"key and value must have the same number of heads, got {hk} and {hv}")
+    if lk != lv:
+        raise ValueError(f"key and value must have the same seq_len, got {lk} and {lv}")
+    if hq != hk:
+        if not enable_gqa:
+            raise ValueError(
+                f"query has {hq} heads and key/value {hk}: pass enable_gqa=True for grouped-query attention"
+            )
+        if hq % hk:
+            raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hk}) for GQA")
+    if min(lq, lk, d, dv) == 0 or b == 0 or hq == 0:
+        raise ValueError(
+            f"empty dimension in query {tuple(query.shape)} / key {tuple(key.shape)} / value {tuple(value.shape)}"
+        )
+    return Shapes(b, hq, hk, lq, lk, d, dv)
+
+
+def check_mask(
+    attn_mask: object, shapes: Shapes, query: torch.Tensor, is_causal: bool
+) -> torch.Tensor | None:
+    """The mask as a view broadcast to [B, H, Lq, Lk] (bool, True = attend, or float additive)."""
+    if attn_mask is None:
+        return None
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    if is_causal:
+        raise ValueError("pass either attn_mask or is_causal=True, not both (as torch SDPA)")
+    if attn_mask.dtype != torch.bool and attn_mask.dtype not in _FLOATS:
+        raise TypeError(
+            f"attn_mask must be bool (True = attend) or a float additive mask, got {attn_mask.dtype}"
+        )
+    if attn_mask.device != query.device:
+        raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {query.device}")
+    target = (shapes.batch, shapes.q_heads, shapes.q_len, shapes.kv_len)
+    if attn_mask.dim() > 4:
+        raise ValueError(
+            f"attn_mask must have at most 4 dims broadcastable to {target}, got {tuple(attn_mask.shape)}"
+        )
+    try:
+        return attn_mask.expand(target)
+    except RuntimeError:
+        raise ValueError(
+            f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to [B, H, Lq, Lk] = {list(target)}"
+        ) from None
+
+
+def check_scalars(dropout_p: object, scale: object) -> None:
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p must be 0 (MX attention is inference-only), got {dropout_p!r}")
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")

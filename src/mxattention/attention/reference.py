@@ -1,0 +1,102 @@
+"""The tiled online-softmax attention of the paper (Algorithm 1), in PyTorch: the specification.
+
+Exposes `reference_attention`. For each key tile j of `block_n` keys (FlashAttention-2 form,
+fp32 state, names as in SPEC section 3):
+
+    S      = Q^ K^_j^T * scale  (+ mask)           m_new = max(m, rowmax S)
+    alpha  = exp(m - m_new)                         P~    = exp(S - m_new)
+    P^     = Q(P~) per 32 keys                      l     = alpha l + rowsum(P^ if pnq else P~)
+    O~     = alpha O~ + P^ V^_j                     finally O = O~ / l, lse = m + log l
+
+Memory: the scores of one tile of [B, H, rows, block_n] are alive at a time, with `rows` chosen
+so that tile holds at most `max_tile_elements` values; rows are independent, so the result does
+not depend on that choice. The state is O(Lq * Dv). No Lq x Lk matrix is ever formed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mxattention.attention.config import AttentionConfig
+from mxattention.attention.operands import Operands, prepare_operands, quantize_p
+
+MAX_TILE_ELEMENTS = 1 << 24  # 64 MiB of fp32 scores per tile
+
+
+def _causal_tile(q0: int, q1: int, k0: int, k1: int, device: torch.device) -> torch.Tensor:
+    """bool [q1-q0, k1-k0], True where key <= query (torch SDPA's top-left causal alignment)."""
+    qi = torch.arange(q0, q1, device=device)[:, None]
+    ki = torch.arange(k0, k1, device=device)[None, :]
+    return ki <= qi
+
+
+def _rows(
+    ops: Operands,
+    q0: int,
+    q1: int,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float,
+    cfg: AttentionConfig,
+):
+    """Online softmax over all key tiles for query rows [q0, q1): (O~, l, m) in fp32."""
+    q = ops.q[..., q0:q1, :]
+    b, h, rows, _ = q.shape
+    lk, dv = ops.k.shape[-2], ops.v.shape[-1]
+    dev = q.device
+    m = torch.full((b, h, rows, 1), -float("inf"), device=dev)
+    l = torch.zeros((b, h, rows, 1), device=dev)
+    o = torch.zeros((b, h, rows, dv), device=dev)
+    kt = ops.k.transpose(-1, -2)
+    for k0 in range(0, lk, cfg.block_n):
+        k1 = min(k0 + cfg.block_n, lk)
+        if is_causal and k0 > q1 - 1:
+            break  # every later key is in the future of every row here
+        s = (q @ kt[..., k0:k1]) * scale
+        if ops.q_mean is not None:
+            s = s + (ops.q_mean[..., q0:q1, :] @ ops.k_smooth_t[..., k0:k1]) * scale
+        if mask is not None:
+            mt = mask[..., q0:q1, k0:k1]
+            s = s.masked_fill(~mt, -float("inf")) if mt.dtype == torch.bool else s + mt.float()
+        if is_causal:
+            s = s.masked_fill(~_causal_tile(q0, q1, k0, k1, dev), -float("inf"))
+        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+        # A row with every key so far masked keeps m = -inf; exp(-inf - 0) = 0 keeps it empty.
+        m_use = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+        alpha = torch.exp(m - m_use)
+        p_tilde = torch.exp(s - m_use)
+        p_hat = quantize_p(p_tilde, cfg)
+        l = alpha * l + (p_hat if cfg.pnq else p_tilde).sum(dim=-1, keepdim=True)
+        o = alpha * o + p_hat @ ops.v[..., k0:k1, :]
+        m = m_new
+    return o, l, m
+
+
+def reference_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cfg: AttentionConfig,
+    *,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float,
+    max_tile_elements: int = MAX_TILE_ELEMENTS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of float32 [B, H, L, D] operands (heads already matched) as `cfg` says.
+
+    `mask`: None, or bool (True = attend) / float additive, a view broadcast to [B, H, Lq, Lk].
+    Returns (O [B, H, Lq, Dv] float32, lse [B, H, Lq] float32, natural log; -inf and O = 0 for
+    rows with no key to attend to).
+    """
+    ops = prepare_operands(query, key, value, cfg)
+    b, h, lq, _ = ops.q.shape
+    rows = max(1, min(lq, max_tile_elements // max(1, b * h * cfg.block_n)))
+    outs, lses = [], []
+    for q0 in range(0, lq, rows):
+        q1 = min(q0 + rows, lq)
+        o, l, m = _rows(ops, q0, q1, mask, is_causal, scale, cfg)
+        empty = l == 0
+        outs.append(torch.where(empty, torch.zeros_like(o), o / torch.where(empty, 1.0, l)))
+        lses.append(torch.where(empty, -float("inf"), m + torch.log(torch.where(empty, 1.0, l))).squeeze(-1))
+    return torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)

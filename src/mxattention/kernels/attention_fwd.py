@@ -1,0 +1,272 @@
+"""Fused MXFP4 attention forward (FlashAttention-2 online softmax), one Triton kernel.
+
+Exposes `mx_attention_fwd` (packed operands from the pre-pass in, (O, lse) out) and `MATRIX_PATHS`.
+
+One program owns `BM` query rows of one (batch, head) and walks the key tiles of `BN` = cfg.block_n
+keys, in the names of SPEC section 3 and `attention.reference`:
+
+    S       = Q^ K^_j^T * scale (+ mask)      m_new   = max(m, rowmax S)
+    alpha   = exp(m - m_new)                  p_tilde = exp(S - m_new)
+    p_hat   = Q(p_tilde) per 32 keys          l       = alpha l + rowsum(p_hat if PNQ else p_tilde)
+    o_tilde = alpha o_tilde + p_hat V^_j      O       = o_tilde / l,  lse = m + log l
+
+Scores are kept in log2 units (scale * log2 e folded in, exp2 for exp): P~ agrees with the
+reference's exp to a few fp32 ulps. The exponent of each 32-key block of p_tilde comes from the
+bits of its fp32 maximum (`cast.shared_exponent`), the rounding from the float adder
+(`cast.e2m1_round`), so Q(P~) is decided exactly as `formats.fake_quantize` decides it.
+
+Two matrix paths with the same numerics (every product of two dequantized MXFP4 values is exact in
+fp32; only the fp32 summation order differs):
+
+- "dot_scaled": `tl.dot_scaled(..., "e2m1", ...)` on the packed codes and E8M0 bytes (native on
+  sm_100+ and CDNA4, emulated by the Triton >= 3.9 interpreter);
+- "bf16": codes x 2**e decoded in registers to bf16 (exact) and fed to bf16 tensor cores with fp32
+  accumulation (Hopper and older). The interpreter's tl.dot reads bf16 as raw integers (Triton
+  3.9), so there the same exact values go through an fp32 dot instead.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mxattention.kernels._triton import interpreting, tl, triton
+from mxattention.kernels.cast import dequant_e2m1, e2m1_round, exp2_int, pack_nibbles, shared_exponent
+
+MATRIX_PATHS = ("bf16", "dot_scaled")
+LOG2E = 1.0 / math.log(2.0)
+MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
+
+
+@triton.jit
+def _mx_attention_fwd_kernel(
+    Qc,
+    Qs,
+    Kc,
+    Ks,
+    Vc,
+    Vs,
+    Mask,
+    Out,
+    Lse,
+    Pdbg,
+    qk_scale,
+    Lq,
+    Lk,
+    Dv,
+    H,
+    GROUP,
+    LQP,
+    LKP,
+    stride_mb,
+    stride_mh,
+    stride_mm,
+    stride_mn,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_od,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    DQ: tl.constexpr,
+    DV: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    MASK_MODE: tl.constexpr,
+    PNQ: tl.constexpr,
+    CEIL: tl.constexpr,
+    Q_EXP: tl.constexpr,
+    Q_MANT: tl.constexpr,
+    DOT_SCALED: tl.constexpr,
+    DEBUG_P: tl.constexpr,
+    DOT_T: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    bhk = b * (H // GROUP) + h // GROUP  # GQA: the kv head, no copy
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n0 = tl.arange(0, BN)
+    offs_dq2 = tl.arange(0, DQ // 2)
+    offs_dq32 = tl.arange(0, DQ // 32)
+    offs_dv = tl.arange(0, DV)
+
+    q_rows = bh.to(tl.int64) * LQP + offs_m[:, None]
+    q_codes = tl.load(Qc + q_rows * (DQ // 2) + offs_dq2[None, :])
+    q_scales = tl.load(Qs + q_rows * (DQ // 32) + offs_dq32[None, :])
+    if not DOT_SCALED:
+        q_hat = dequant_e2m1(q_codes, q_scales, BM, DQ).to(DOT_T)
+
+    k_base = bhk.to(tl.int64) * LKP
+    v_rows = (bhk.to(tl.int64) * DV + offs_dv[:, None]) * LKP
+    m = tl.full([BM], float("-inf"), tl.float32)
+    l = tl.zeros([BM], tl.float32)
+    o_tilde = tl.zeros([BM, DV], tl.float32)
+
+    hi = Lk
+    if CAUSAL:
+        hi = tl.minimum(Lk, (pid_m + 1) * BM)
+    for start_n in range(0, hi, BN):
+        offs_n = start_n + offs_n0
+        k_rows = k_base + offs_n[:, None]
+        k_codes = tl.load(Kc + k_rows * (DQ // 2) + offs_dq2[None, :])
+        k_scales = tl.load(Ks + k_rows * (DQ // 32) + offs_dq32[None, :])
+        if DOT_SCALED:
+            s = tl.dot_scaled(q_codes, q_scales, "e2m1", tl.trans(k_codes), k_scales, "e2m1")
+        else:
+            s = tl.dot(q_hat, tl.trans(dequant_e2m1(k_codes, k_scales, BN, DQ).to(DOT_T)))
+        s = s * qk_scale
+        valid = offs_n[None, :] < Lk
+        if CAUSAL:
+            valid = valid & (offs_n[None, :] <= offs_m[:, None])
+        if MASK_MODE != 0:
+            mptr = Mask + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
+            mptr = mptr + offs_m[:, None].to(tl.int64) * stride_mm + offs_n[None, :].to(tl.int64) * stride_mn
+            in_range = (offs_m[:, None] < Lq) & (offs_n[None, :] < Lk)
+            if MASK_MODE == 1:
+                valid = valid & (tl.load(mptr, mask=in_range, other=0) != 0)
+            else:
+                s = s + tl.load(mptr, mask=in_range, other=0.0).to(tl.float32) * 1.4426950408889634
+        s = tl.where(valid, s, float("-inf"))
+
+        m_new = tl.maximum(m, tl.max(s, 1))
+        # A row with every key so far masked keeps m = -inf; exp2(-inf - 0) = 0 keeps it empty.
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m - m_use)
+        p_tilde = tl.math.exp2(s - m_use[:, None])
+
+        p3 = tl.reshape(p_tilde, [BM, BN // 32, 32])
+        e = shared_exponent(tl.max(p3, 2), CEIL, Q_EXP, Q_MANT)
+        two_e = tl.expand_dims(exp2_int(e), 2)
+        p_hat3 = e2m1_round(p3, two_e)
+        p_hat = tl.reshape(p_hat3, [BM, BN])
+        if DEBUG_P:
+            dptr = Pdbg + (bh.to(tl.int64) * Lq + offs_m[:, None]) * LKP + offs_n[None, :]
+            tl.store(dptr, p_hat, mask=offs_m[:, None] < Lq)
+        if PNQ:
+            l = alpha * l + tl.sum(p_hat, 1)
+        else:
+            l = alpha * l + tl.sum(p_tilde, 1)
+        o_tilde = o_tilde * alpha[:, None]
+
+        v_codes = tl.load(Vc + v_rows // 2 + (start_n // 2 + tl.arange(0, BN // 2))[None, :])
+        v_scales = tl.load(Vs + v_rows // 32 + (start_n // 32 + tl.arange(0, BN // 32))[None, :])
+        if DOT_SCALED:
+            # p_hat / 2**e is exactly on the E2M1 ladder; its bits give the code.
+            r = tl.reshape(p_hat3 / two_e, [BM, BN])
+            rb = r.to(tl.int32, bitcast=True)
+            code = tl.where(r >= 1.0, (((rb >> 23) - 126) << 1) | ((rb >> 22) & 1), (r * 2.0).to(tl.int32))
+            p_codes = pack_nibbles(code, BM, BN)
+            p_scales = (e + 127).to(tl.uint8)
+            o_tilde = tl.dot_scaled(p_codes, p_scales, "e2m1", tl.trans(v_codes), v_scales, "e2m1", o_tilde)
+        else:
+            v_hat = dequant_e2m1(v_codes, v_scales, DV, BN).to(DOT_T)
+            o_tilde = tl.dot(p_hat.to(DOT_T), tl.trans(v_hat), o_tilde)
+        m = m_new
+
+    empty = l == 0.0
+    out = o_tilde / tl.where(empty, 1.0, l)[:, None]
+    out = tl.where(empty[:, None], 0.0, out)
+    optr = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    optr = optr + offs_m[:, None].to(tl.int64) * stride_om + offs_dv[None, :] * stride_od
+    tl.store(optr, out.to(Out.dtype.element_ty), mask=(offs_m[:, None] < Lq) & (offs_dv[None, :] < Dv))
+    lse = tl.where(empty, float("-inf"), (m + tl.math.log2(tl.where(empty, 1.0, l))) * 0.6931471805599453)
+    tl.store(Lse + bh.to(tl.int64) * Lq + offs_m, lse, mask=offs_m < Lq)
+
+
+def default_matrix_path(device: torch.device) -> str:
+    """"dot_scaled" where E2M1 is native (sm_100+, and the interpreter), "bf16" elsewhere."""
+    if interpreting() or device.type != "cuda":
+        return "dot_scaled"
+    return "dot_scaled" if torch.cuda.get_device_capability(device)[0] >= 10 else "bf16"
+
+
+def mx_attention_fwd(
+    q_packed: tuple[torch.Tensor, torch.Tensor],
+    k_packed: tuple[torch.Tensor, torch.Tensor],
+    v_packed: tuple[torch.Tensor, torch.Tensor],
+    *,
+    lq: int,
+    lk: int,
+    dv: int,
+    group: int,
+    out: torch.Tensor,
+    p_rule: tuple[bool, int, int],
+    pnq: bool,
+    block_n: int,
+    scale: float,
+    is_causal: bool = False,
+    mask: torch.Tensor | None = None,
+    matrix_path: str | None = None,
+    block_m: int = 128,
+    num_warps: int = 8,
+    num_stages: int = 2,
+    debug_p: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Run the attention kernel on pre-pass outputs; writes `out` [B, Hq, Lq, Dv], returns lse [B, Hq, Lq].
+
+    `q_packed` = (codes [B, Hq, LQP, DQ/2], scales), `k_packed` likewise with Hkv heads, `v_packed` =
+    (codes [B, Hkv, DVP, LKP/2], scales [B, Hkv, DVP, LKP/32]) (see `prepass`); LQP a multiple of
+    `block_m`, LKP of `block_n`. `mask`: None or a [B, Hq, Lq, Lk] (broadcast) view, bool (True =
+    attend) or additive float in natural-log units. `p_rule` = (CEIL, Q_EXP, Q_MANT) of P~'s rule.
+    `debug_p`: an fp32 [B, Hq, Lq, LKP] buffer that receives Q(P~) of every tile computed.
+    """
+    qc, qs = q_packed
+    kc, ks = k_packed
+    vc, vs = v_packed
+    bsz, hq, lqp, dq2 = qc.shape
+    dvp = vc.shape[2]
+    lkp = kc.shape[2]
+    path = matrix_path or default_matrix_path(qc.device)
+    if path not in MATRIX_PATHS:
+        raise ValueError(f"matrix_path must be one of {MATRIX_PATHS}, got {path!r}")
+    if lqp % block_m or lkp % block_n:
+        raise ValueError(f"padded lengths ({lqp}, {lkp}) must be multiples of the tiles ({block_m}, {block_n})")
+    lse = torch.empty((bsz, hq, lq), dtype=torch.float32, device=qc.device)
+    if mask is None:
+        mask_mode, mask_arg, mstrides = MASK_NONE, qc, (0, 0, 0, 0)
+    elif mask.dtype == torch.bool:
+        mask_mode, mask_arg, mstrides = MASK_BOOL, mask.view(torch.uint8), mask.stride()
+    else:
+        mask_mode, mask_arg, mstrides = MASK_ADD, mask, mask.stride()
+    ceil, q_exp, q_mant = p_rule
+    grid = (lqp // block_m, bsz * hq)
+    _mx_attention_fwd_kernel[grid](
+        qc,
+        qs,
+        kc,
+        ks,
+        vc,
+        vs,
+        mask_arg,
+        out,
+        lse,
+        debug_p if debug_p is not None else lse,
+        scale * LOG2E,
+        lq,
+        lk,
+        dv,
+        hq,
+        group,
+        lqp,
+        lkp,
+        *mstrides,
+        *out.stride(),
+        BM=block_m,
+        BN=block_n,
+        DQ=dq2 * 2,
+        DV=dvp,
+        CAUSAL=is_causal,
+        MASK_MODE=mask_mode,
+        PNQ=pnq,
+        CEIL=ceil,
+        Q_EXP=q_exp,
+        Q_MANT=q_mant,
+        DOT_SCALED=path == "dot_scaled",
+        DEBUG_P=debug_p is not None,
+        DOT_T=tl.float32 if interpreting() else tl.bfloat16,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    return lse

@@ -1,0 +1,105 @@
+"""Triton device functions of the MXFP4 cast, shared by the pre-pass and the attention kernel.
+
+Each one is the register-level twin of a PyTorch function in `mxattention.formats`, computed with
+the same exact integer / power-of-two arithmetic so the bytes agree bit for bit:
+
+- `shared_exponent`: `formats.scale_rules.shared_exponent` from the fp32 block max's bits
+  (floor rule: E - Q_EXP; ceil rule with boundary q = (1 + Q_MANT / 2**23) * 2**Q_EXP:
+  E - Q_EXP + [mantissa(M) > mantissa(q)]), clamped to [-127, 127], 0 for a zero block.
+- `exp2_int`: 2**e as fp32 for integer e in [-127, 127] (2**-127 is subnormal).
+- `e2m1_code`: round-to-nearest-even code of a scaled magnitude (threshold form of
+  `formats.rounding.round_magnitude`), `e2m1_round`: the same decision as a value.
+- `pack_nibbles`, `unpack_nibbles`, `dequant_e2m1`: packing (element 2i in the low nibble) and
+  decoding codes x 2**e to fp32 values that bf16 holds exactly (bf16 has fp32's exponent range).
+
+The host-side encoding of a rule is `rule_constants(rule)` in `mxattention.kernels.rules`.
+"""
+
+from __future__ import annotations
+
+from mxattention.kernels._triton import tl, triton
+
+
+@triton.jit
+def floor_log2_mantissa(m):
+    """(floor(log2 m), 23-bit mantissa field of m normalized) for finite fp32 m > 0, subnormals too."""
+    bits = m.to(tl.int32, bitcast=True)
+    sub = (bits >> 23) == 0
+    # A subnormal's integer mantissa converts to fp32 exactly and carries its leading bit as the exponent.
+    f = tl.where(sub, (bits & 0x7FFFFF).to(tl.float32), m)
+    fb = f.to(tl.int32, bitcast=True)
+    e = (fb >> 23) - 127 - tl.where(sub, 149, 0)
+    return e, fb & 0x7FFFFF
+
+
+@triton.jit
+def shared_exponent(amax, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constexpr):
+    """E8M0 exponent (int32, [-127, 127]) of fp32 block maxima `amax` >= 0 (finite) under the rule."""
+    e, mant = floor_log2_mantissa(amax)
+    e = e - Q_EXP
+    if CEIL:
+        e = e + (mant > Q_MANT).to(tl.int32)
+    e = tl.where(amax > 0, e, 0)
+    return tl.minimum(tl.maximum(e, -127), 127)
+
+
+@triton.jit
+def exp2_int(e):
+    """2**e in fp32, exactly, for int32 e in [-127, 127]."""
+    bits = tl.where(e >= -126, (e + 127) << 23, 0x400000)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e2m1_code(a):
+    """3-bit E2M1 magnitude code of scaled magnitudes a >= 0: nearest, ties to even, saturating at 6."""
+    c = (a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
+    c += (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
+    return c + (a > 5.0).to(tl.int32)
+
+
+@triton.jit
+def e2m1_round(p, two_e):
+    """Q(p) for p >= 0 against block scale two_e = 2**e, as a value (fp32, exact), with no division.
+
+    The float adder rounds p to the ladder step of its binade: C = 2**(max(E_p, e) + 22) has a unit
+    in the last place of half the binade (1 mantissa bit; step 2**(e-1) below 2**e, the subnormal
+    codes 0 and 0.5), so (p + C) - C is round-to-nearest-even; then saturate at 6 * 2**e.
+    Equals round_magnitude(p / 2**e) * 2**e whenever p / 2**e is exact (always, for normal p).
+    """
+    binade = (p.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+    c = tl.maximum(binade, two_e) * 4194304.0
+    return tl.minimum((p + c) - c, 6.0 * two_e)
+
+
+@triton.jit
+def pack_nibbles(codes, R: tl.constexpr, C: tl.constexpr):
+    """[R, C] int codes < 16 -> [R, C // 2] uint8, element 2i in the low nibble."""
+    lo, hi = tl.split(tl.reshape(codes, [R, C // 2, 2]))
+    return (lo | (hi << 4)).to(tl.uint8)
+
+
+@triton.jit
+def unpack_nibbles(packed, R: tl.constexpr, C: tl.constexpr):
+    """[R, C // 2] uint8 -> [R, C] int32 codes (inverse of `pack_nibbles`)."""
+    p = packed.to(tl.int32)
+    return tl.reshape(tl.join(p & 15, p >> 4), [R, C])
+
+
+@triton.jit
+def dequant_e2m1(packed, scales, R: tl.constexpr, C: tl.constexpr):
+    """Packed E2M1 [R, C // 2] with E8M0 bytes [R, C // 32] along the last axis -> fp32 [R, C].
+
+    Every value has at most 2 significant bits, so the cast of the result to bf16 is exact.
+
+    The 3 magnitude bits placed at fp16's exponent/mantissa boundary read as magnitude * 2**-14
+    (0.5 becomes an fp16 subnormal, still exact); the block factor 2**(e + 14) restores it. Exact
+    for scales up to 2**113 (block maxima below ~1e34), the whole range activations take.
+    """
+    c = unpack_nibbles(packed, R, C)
+    h = ((c & 7) << 9) | ((c & 8) << 12)
+    v = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    e = scales.to(tl.int32) - 127
+    f = exp2_int(tl.minimum(e + 14, 127))
+    v = tl.reshape(v, [R, C // 32, 32]) * tl.reshape(f, [R, C // 32, 1])
+    return tl.reshape(v, [R, C])

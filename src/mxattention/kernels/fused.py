@@ -1,0 +1,99 @@
+"""`fused_attention`: pre-pass + attention kernel for one supported `AttentionConfig`, in torch terms.
+
+Exposes `fused_attention` and `unsupported_reason` (why a config / input cannot use the kernels).
+Inputs are [B, H, L, D] (the argument checks of `attention.inputs` are the caller's job).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mxattention.attention.config import AttentionConfig
+from mxattention.kernels._triton import HAS_TRITON, interpreting
+from mxattention.kernels.prepass import padded_dim, padded_len
+
+MAX_HEAD_DIM = 256
+
+
+def unsupported_reason(cfg: AttentionConfig, query: torch.Tensor, head_dim: int, v_dim: int) -> str | None:
+    """None if the fused kernels compute `cfg` on these inputs, else a sentence saying why not."""
+    if not HAS_TRITON:
+        return "Triton is not installed (pip install 'mxattention[gpu]')"
+    if query.device.type != "cuda" and not interpreting():
+        return f"the tensors are on {query.device.type}, the fused kernels need CUDA"
+    specs = (cfg.q, cfg.k, cfg.v, cfg.p)
+    if any(s is None for s in specs):
+        return f"method {cfg.name!r} leaves an operand unquantized; the kernels quantize all of Q, K, V, P~"
+    if any(s.format != "mxfp4" for s in specs):
+        return f"method {cfg.name!r} uses NVFP4; NVFP4 baselines run on the PyTorch reference"
+    if cfg.smooth_k or cfg.smooth_q or cfg.p_row_scale != 1.0:
+        return f"method {cfg.name!r} uses SageAttention smoothing, which the kernels do not implement"
+    if cfg.block_n & (cfg.block_n - 1) or not 32 <= cfg.block_n <= 256:
+        return f"block_n={cfg.block_n} is not a power of two in [32, 256] (a Triton tile)"
+    if max(head_dim, v_dim) > MAX_HEAD_DIM:
+        return f"head dim {max(head_dim, v_dim)} > {MAX_HEAD_DIM}"
+    return None
+
+
+def fused_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cfg: AttentionConfig,
+    *,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float,
+    matrix_path: str | None = None,
+    block_m: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    debug_p: bool = False,
+):
+    """(O [B, Hq, Lq, Dv] in query's dtype, lse [B, Hq, Lq] fp32) by the fused kernels.
+
+    query [B, Hq, Lq, D], key [B, Hkv, Lk, D], value [B, Hkv, Lk, Dv] with Hq % Hkv == 0 (GQA without
+    copies); `mask` None or a [B, Hq, Lq, Lk] broadcast view (bool or additive). With `debug_p`,
+    also returns Q(P~) as fp32 [B, Hq, Lq, Lk'] (Lk' = Lk padded to block_n; zeros where no tile ran).
+    """
+    from mxattention.kernels.attention_fwd import mx_attention_fwd
+    from mxattention.kernels.prepass import prepass_qk, prepass_v
+    from mxattention.kernels.rules import rule_constants
+
+    b, hq, lq, d = query.shape
+    hk, lk, dv = key.shape[1], key.shape[2], value.shape[3]
+    bm = block_m or (128 if padded_dim(max(d, dv)) <= 128 else 64)
+    bn = cfg.block_n
+    qp = prepass_qk(query, cfg.q.rule, hadamard=cfg.hadamard, len_multiple=max(bm, 128))
+    kp = prepass_qk(key, cfg.k.rule, hadamard=cfg.hadamard, len_multiple=max(bn, 128))
+    vp = prepass_v(value, cfg.v.rule, len_multiple=max(bn, 128))
+    out = torch.empty((b, hq, lq, dv), dtype=query.dtype, device=query.device)
+    pr = rule_constants(cfg.p.rule)
+    dbg = None
+    if debug_p:
+        dbg = torch.zeros((b, hq, lq, kp[0].shape[2]), dtype=torch.float32, device=query.device)
+    lse = mx_attention_fwd(
+        qp,
+        kp,
+        vp,
+        lq=lq,
+        lk=lk,
+        dv=dv,
+        group=hq // hk,
+        out=out,
+        p_rule=(pr.ceil, pr.q_exp, pr.q_mant),
+        pnq=cfg.pnq,
+        block_n=bn,
+        scale=scale,
+        is_causal=is_causal,
+        mask=mask,
+        matrix_path=matrix_path,
+        block_m=bm,
+        num_warps=num_warps or (8 if bm >= 128 else 4),
+        num_stages=num_stages or 2,
+        debug_p=dbg,
+    )
+    return (out, lse, dbg) if debug_p else (out, lse)
+
+
+_ = padded_len

@@ -1,0 +1,195 @@
+"""The pre-pass: one read of Q, K, V; rotation and MXFP4 cast in registers; packed bytes out.
+
+Exposes `padded_dim`, `padded_len`, `prepass_qk` and `prepass_v`.
+
+- `prepass_qk(x [B, H, L, D])`: optional normalized Hadamard rotation of the head dim, computed as
+  the same fp32 butterflies as `rotation.rotate` (pairs (i, i + h) in blocks of 2h, h = 1, 2, ...,
+  then one multiply by 1/sqrt(b)), so the rotated values are bit-identical; then the MXFP4 cast in
+  blocks of 32 along the head dim. Out: codes [B, H, Lp, Dp / 2] uint8 and E8M0 scales
+  [B, H, Lp, Dp / 32] uint8, i.e. `mx_quantize(rotate(x), axis=-1)` zero-padded to Dp columns
+  (a power of two >= 32) and Lp rows (zero rows: codes 0, scale byte 127).
+- `prepass_v(v [B, H, L, Dv])`: the cast in blocks of 32 along the keys. Out: codes
+  [B, H, Dvp, Lp / 2] and scales [B, H, Dvp, Lp / 32], i.e. `mx_quantize(v, axis=-2)` padded.
+
+The padding lets the attention kernel load whole tiles without bounds checks; padded keys are
+masked out of the scores, padded head-dim columns are zeros on both sides of every dot.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mxattention.formats.constants import MX_BLOCK_SIZE
+from mxattention.formats.scale_rules import ScaleRule
+from mxattention.kernels._triton import tl, triton
+from mxattention.kernels.cast import e2m1_code, exp2_int, pack_nibbles, shared_exponent
+from mxattention.kernels.rules import rule_constants
+from mxattention.rotation import hadamard_block_size, rotation_matrix
+
+
+def padded_dim(d: int) -> int:
+    """The power-of-two tile width (>= 32) that holds a head dim of d."""
+    return max(MX_BLOCK_SIZE, 1 << (d - 1).bit_length())
+
+
+def padded_len(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+@triton.jit
+def _cast_blocks(x3, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constexpr, AXIS: tl.constexpr):
+    """MXFP4 cast of fp32 x3 in blocks along AXIS: (4-bit codes like x3, E8M0 bytes reduced over AXIS)."""
+    a = tl.abs(x3)
+    nonfinite = (x3 != x3) | (a == float("inf"))
+    bad = tl.max(nonfinite.to(tl.int32), axis=AXIS) > 0
+    amax = tl.where(bad, 0.0, tl.max(tl.where(nonfinite, 0.0, a), axis=AXIS))
+    e = shared_exponent(amax, CEIL, Q_EXP, Q_MANT)
+    inv = tl.expand_dims(exp2_int(-e), AXIS)
+    sign = (x3.to(tl.int32, bitcast=True) >> 31) & 1
+    codes = e2m1_code(a * inv) | (sign << 3)
+    codes = tl.where(tl.expand_dims(bad, AXIS), 0, codes)
+    scales = tl.where(bad, 255, e + 127)
+    return codes, scales
+
+
+@triton.jit
+def _qk_prepass_kernel(
+    X,
+    Codes,
+    Scales,
+    L,
+    D,
+    H,
+    stride_b,
+    stride_h,
+    stride_l,
+    stride_d,
+    L_PAD,
+    BL: tl.constexpr,
+    DP: tl.constexpr,
+    ROTATE: tl.constexpr,
+    ROT_LEVELS: tl.constexpr,
+    ROT_NORM: tl.constexpr,
+    CEIL: tl.constexpr,
+    Q_EXP: tl.constexpr,
+    Q_MANT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = pid * BL + tl.arange(0, BL)
+    cols = tl.arange(0, DP)
+    ptrs = X + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
+    ptrs = ptrs + rows[:, None].to(tl.int64) * stride_l + cols[None, :] * stride_d
+    x = tl.load(ptrs, mask=(rows[:, None] < L) & (cols[None, :] < D), other=0.0).to(tl.float32)
+    if ROTATE:
+        # Butterfly level i pairs columns (j, j + 2**i) inside blocks of 2**(i+1), as rotation.fwht.
+        for i in tl.static_range(ROT_LEVELS):
+            x = tl.permute(tl.reshape(x, [BL, DP // (2 << i), 2, 1 << i]), 0, 1, 3, 2)
+            lo, hi = tl.split(x)
+            x = tl.reshape(tl.permute(tl.join(lo + hi, lo - hi), 0, 1, 3, 2), [BL, DP])
+        x = x * ROT_NORM
+    codes, scales = _cast_blocks(tl.reshape(x, [BL, DP // 32, 32]), CEIL, Q_EXP, Q_MANT, 2)
+    packed = pack_nibbles(tl.reshape(codes, [BL, DP]), BL, DP)
+    base = bh.to(tl.int64) * L_PAD + rows[:, None].to(tl.int64)
+    tl.store(Codes + base * (DP // 2) + tl.arange(0, DP // 2)[None, :], packed)
+    tl.store(Scales + base * (DP // 32) + tl.arange(0, DP // 32)[None, :], scales.to(tl.uint8))
+
+
+@triton.jit
+def _v_prepass_kernel(
+    X,
+    Codes,
+    Scales,
+    L,
+    D,
+    H,
+    stride_b,
+    stride_h,
+    stride_l,
+    stride_d,
+    L_PAD,
+    BL: tl.constexpr,
+    DP: tl.constexpr,
+    CEIL: tl.constexpr,
+    Q_EXP: tl.constexpr,
+    Q_MANT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = pid * BL + tl.arange(0, BL)
+    cols = tl.arange(0, DP)
+    ptrs = X + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
+    ptrs = ptrs + rows[:, None].to(tl.int64) * stride_l + cols[None, :] * stride_d
+    x = tl.load(ptrs, mask=(rows[:, None] < L) & (cols[None, :] < D), other=0.0).to(tl.float32)
+    codes, scales = _cast_blocks(tl.reshape(x, [BL // 32, 32, DP]), CEIL, Q_EXP, Q_MANT, 1)
+    codes_t = tl.reshape(tl.permute(codes, 2, 0, 1), [DP, BL])  # keys last, as mx_quantize(axis=-2)
+    packed = pack_nibbles(codes_t, DP, BL)
+    base = (bh.to(tl.int64) * DP + cols[:, None].to(tl.int64)) * L_PAD
+    tl.store(Codes + base // 2 + pid * (BL // 2) + tl.arange(0, BL // 2)[None, :], packed)
+    s_t = tl.trans(scales).to(tl.uint8)
+    tl.store(Scales + base // 32 + pid * (BL // 32) + tl.arange(0, BL // 32)[None, :], s_t)
+
+
+def _rule_args(rule: str | float | ScaleRule) -> dict:
+    rc = rule_constants(rule)
+    return {"CEIL": rc.ceil, "Q_EXP": rc.q_exp, "Q_MANT": rc.q_mant}
+
+
+def prepass_qk(
+    x: torch.Tensor, rule: str | float | ScaleRule, *, hadamard: bool, len_multiple: int = 128
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate (optionally) and cast x [B, H, L, D] along D: (codes [B,H,Lp,Dp/2], scales [B,H,Lp,Dp/32]).
+
+    Lp = L rounded up to `len_multiple`; see the module doc for the padding.
+    """
+    b, h, n, d = x.shape
+    dp = padded_dim(d)
+    lp = padded_len(n, len_multiple)
+    codes = torch.empty((b, h, lp, dp // 2), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((b, h, lp, dp // MX_BLOCK_SIZE), dtype=torch.uint8, device=x.device)
+    blk = hadamard_block_size(d) if hadamard else 1
+    if hadamard:
+        rotation_matrix(d)  # raises the same error as the reference for an unsupported d
+    bl = 32 if dp >= 256 else 64
+    assert lp % bl == 0
+    _qk_prepass_kernel[(lp // bl, b * h)](
+        x,
+        codes,
+        scales,
+        n,
+        d,
+        h,
+        *x.stride(),
+        lp,
+        BL=bl,
+        DP=dp,
+        ROTATE=hadamard,
+        ROT_LEVELS=blk.bit_length() - 1,
+        ROT_NORM=1.0 / math.sqrt(blk),
+        **_rule_args(rule),
+    )
+    return codes, scales
+
+
+def prepass_v(
+    v: torch.Tensor, rule: str | float | ScaleRule, *, len_multiple: int = 128
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cast v [B, H, L, Dv] along the keys: (codes [B,H,Dvp,Lp/2], scales [B,H,Dvp,Lp/32])."""
+    b, h, n, d = v.shape
+    dp = padded_dim(d)
+    lp = padded_len(n, len_multiple)
+    codes = torch.empty((b, h, dp, lp // 2), dtype=torch.uint8, device=v.device)
+    scales = torch.empty((b, h, dp, lp // MX_BLOCK_SIZE), dtype=torch.uint8, device=v.device)
+    bl = 32 if dp >= 256 else 64
+    assert lp % bl == 0
+    _v_prepass_kernel[(lp // bl, b * h)](
+        v, codes, scales, n, d, h, *v.stride(), lp, BL=bl, DP=dp, **_rule_args(rule)
+    )
+    return codes, scales
+

@@ -1,0 +1,36 @@
+"""Host-side encoding of a shared-scale rule as the kernels' compile-time constants.
+
+Exposes `RuleConstants` and `rule_constants(rule)`. A rule becomes (CEIL, Q_EXP, Q_MANT):
+
+- floor (OCP): e = floor(log2 M) - emax, so CEIL = False, Q_EXP = emax (2 for E2M1);
+- ceil with boundary q = mq * 2**Q_EXP, mq in [1, 2): with M = mM * 2**E, M <= q * 2**(E - Q_EXP)
+  iff mM <= mq, so e = E - Q_EXP + [mM > mq]. mM has 23 fraction bits, so mM > mq iff its fraction
+  field exceeds Q_MANT = floor(frac(mq) * 2**23), exactly, even for q not representable in fp32.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mxattention.formats.constants import F32_MANTISSA_BITS
+from mxattention.formats.ladders import get_ladder
+from mxattention.formats.scale_rules import ScaleMode, ScaleRule, resolve_rule
+
+
+@dataclass(frozen=True)
+class RuleConstants:
+    ceil: bool
+    q_exp: int
+    q_mant: int
+
+
+def rule_constants(rule: str | float | ScaleRule) -> RuleConstants:
+    """The kernel constants of an E2M1 shared-scale rule ("ocp", "tfs", "uos", a float q, ...)."""
+    ladder = get_ladder("e2m1")
+    r = resolve_rule(rule, ladder)
+    if r.mode is ScaleMode.FLOOR:
+        return RuleConstants(False, ladder.emax, 0)
+    mant, exp = math.frexp(float(r.boundary))  # q = mant * 2**exp, mant in [0.5, 1)
+    frac = mant * 2.0 - 1.0  # exact: q = (1 + frac) * 2**(exp - 1)
+    return RuleConstants(True, exp - 1, math.floor(math.ldexp(frac, F32_MANTISSA_BITS)))

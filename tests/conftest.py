@@ -4,6 +4,11 @@ import pytest
 import torch
 from hypothesis import settings
 
+# Triton fixes at its first import whether kernels compile or run on its CPU interpreter, so the
+# choice is made here, before any test module can import it: without a GPU, the interpreter.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 settings.register_profile("ci", max_examples=60, deadline=None)
 settings.register_profile("dev", max_examples=30, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -1,14 +1,20 @@
-"""The public entry point: one function that picks the fused kernel or the PyTorch reference.
+"""The public entry point: one function; the fused kernels where they apply, else the PyTorch reference.
 
-Imports flow one way: this module sits above `attention` and `kernels`.
+Imports flow one way: this module sits above `attention` and `kernels`. Arguments are checked here,
+once; the call itself is the custom op `mxattention::sdpa` (see `mxattention.kernels.op`), which
+runs the fused Triton kernels for CUDA tensors (or any tensors under TRITON_INTERPRET=1) and an
+all-MXFP4 method without smoothing, and otherwise the reference, warning once per reason.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from mxattention.attention.config import AttentionConfig
-from mxattention.attention.sdpa import sdpa_reference
+from mxattention.attention.config import AttentionConfig, get_method
+from mxattention.attention.inputs import check_mask, check_qkv, check_scalars
+from mxattention.kernels.op import config_key, sdpa_op
 
 
 def scaled_dot_product_attention(
@@ -28,16 +34,12 @@ def scaled_dot_product_attention(
 
     Layout [B, H, L, D]; see `mxattention.attention.sdpa_reference` for the full semantics.
     `method` is a preset name (`mxattention.list_methods()`) or an `AttentionConfig`.
+    With `return_lse`, also the natural-log log-sum-exp [B, Hq, Lq] in fp32.
     """
-    return sdpa_reference(
-        query,
-        key,
-        value,
-        attn_mask,
-        dropout_p,
-        is_causal,
-        scale,
-        enable_gqa,
-        method=method,
-        return_lse=return_lse,
-    )
+    cfg = get_method(method)
+    shapes = check_qkv(query, key, value, enable_gqa)
+    check_scalars(dropout_p, scale)
+    check_mask(attn_mask, shapes, query, is_causal)
+    scale_ = 1.0 / math.sqrt(shapes.head_dim) if scale is None else float(scale)
+    out, lse = sdpa_op(query, key, value, attn_mask, is_causal, scale_, enable_gqa, config_key(cfg))
+    return (out, lse) if return_lse else out

@@ -7,6 +7,6 @@ Modules: `cast` (device functions of the MXFP4 cast), `rules` (a scale rule as k
 Triton is optional: `HAS_TRITON` says whether the kernels can run at all.
 """
 
-from mxattention.kernels._triton import HAS_TRITON, interpreting
+from mxattention.kernels._triton import HAS_TRITON, kernels_interpreted
 
-__all__ = ["HAS_TRITON", "interpreting"]
+__all__ = ["HAS_TRITON", "kernels_interpreted"]

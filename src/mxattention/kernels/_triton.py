@@ -1,11 +1,11 @@
 """Optional Triton import: the package imports without Triton; kernels need it.
 
-Exposes `HAS_TRITON`, `triton`, `tl` (None when Triton is missing) and `interpreting()`.
+Exposes `HAS_TRITON`, `triton`, `tl` (None when Triton is missing) and `kernels_interpreted()`.
+Triton decides at decoration time (the module import) whether a kernel is compiled or runs on its
+CPU interpreter (TRITON_INTERPRET=1), so the kernels, not the environment, are asked which it is.
 """
 
 from __future__ import annotations
-
-import os
 
 try:
     import triton
@@ -18,6 +18,12 @@ except ImportError:  # the CPU install without the `gpu` extra
     HAS_TRITON = False
 
 
-def interpreting() -> bool:
-    """True when Triton runs kernels on the CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+def kernels_interpreted() -> bool:
+    """True when this process's kernels were built for the CPU interpreter (imports them)."""
+    if not HAS_TRITON:
+        return False
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from mxattention.kernels.attention_fwd import _mx_attention_fwd_kernel
+
+    return isinstance(_mx_attention_fwd_kernel, InterpretedFunction)

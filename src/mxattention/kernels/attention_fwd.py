@@ -31,7 +31,7 @@ import math
 
 import torch
 
-from mxattention.kernels._triton import interpreting, tl, triton
+from mxattention.kernels._triton import kernels_interpreted, tl, triton
 from mxattention.kernels.cast import dequant_e2m1, e2m1_round, exp2_int, pack_nibbles, shared_exponent
 
 MATRIX_PATHS = ("bf16", "dot_scaled")
@@ -176,8 +176,8 @@ def _mx_attention_fwd_kernel(
 
 
 def default_matrix_path(device: torch.device) -> str:
-    """"dot_scaled" where E2M1 is native (sm_100+, and the interpreter), "bf16" elsewhere."""
-    if interpreting() or device.type != "cuda":
+    """The matrix path: "dot_scaled" where E2M1 is native (sm_100+, the interpreter), else "bf16"."""
+    if kernels_interpreted() or device.type != "cuda":
         return "dot_scaled"
     return "dot_scaled" if torch.cuda.get_device_capability(device)[0] >= 10 else "bf16"
 
@@ -222,7 +222,9 @@ def mx_attention_fwd(
     if path not in MATRIX_PATHS:
         raise ValueError(f"matrix_path must be one of {MATRIX_PATHS}, got {path!r}")
     if lqp % block_m or lkp % block_n:
-        raise ValueError(f"padded lengths ({lqp}, {lkp}) must be multiples of the tiles ({block_m}, {block_n})")
+        raise ValueError(
+            f"padded lengths ({lqp}, {lkp}) must be multiples of the tiles ({block_m}, {block_n})"
+        )
     lse = torch.empty((bsz, hq, lq), dtype=torch.float32, device=qc.device)
     if mask is None:
         mask_mode, mask_arg, mstrides = MASK_NONE, qc, (0, 0, 0, 0)
@@ -265,7 +267,7 @@ def mx_attention_fwd(
         Q_MANT=q_mant,
         DOT_SCALED=path == "dot_scaled",
         DEBUG_P=debug_p is not None,
-        DOT_T=tl.float32 if interpreting() else tl.bfloat16,
+        DOT_T=tl.float32 if kernels_interpreted() else tl.bfloat16,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -6,20 +6,28 @@ Inputs are [B, H, L, D] (the argument checks of `attention.inputs` are the calle
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from mxattention.attention.config import AttentionConfig
-from mxattention.kernels._triton import HAS_TRITON, interpreting
-from mxattention.kernels.prepass import padded_dim, padded_len
+from mxattention.kernels._triton import HAS_TRITON, kernels_interpreted
 
 MAX_HEAD_DIM = 256
+CPU_KERNELS_ENV = "MXATTENTION_CPU_KERNELS"
+
+
+def cpu_kernels_requested() -> bool:
+    """MXATTENTION_CPU_KERNELS=1 (with TRITON_INTERPRET=1) sends CPU tensors through the interpreted
+    kernels instead of the reference: a switch for tests and debugging, read at every call."""
+    return os.environ.get(CPU_KERNELS_ENV, "0") not in ("", "0")
 
 
 def unsupported_reason(cfg: AttentionConfig, query: torch.Tensor, head_dim: int, v_dim: int) -> str | None:
     """None if the fused kernels compute `cfg` on these inputs, else a sentence saying why not."""
     if not HAS_TRITON:
         return "Triton is not installed (pip install 'mxattention[gpu]')"
-    if query.device.type != "cuda" and not interpreting():
+    if query.device.type != "cuda" and not (cpu_kernels_requested() and kernels_interpreted()):
         return f"the tensors are on {query.device.type}, the fused kernels need CUDA"
     specs = (cfg.q, cfg.k, cfg.v, cfg.p)
     if any(s is None for s in specs):
@@ -57,7 +65,7 @@ def fused_attention(
     also returns Q(P~) as fp32 [B, Hq, Lq, Lk'] (Lk' = Lk padded to block_n; zeros where no tile ran).
     """
     from mxattention.kernels.attention_fwd import mx_attention_fwd
-    from mxattention.kernels.prepass import prepass_qk, prepass_v
+    from mxattention.kernels.prepass import padded_dim, prepass_qk, prepass_v
     from mxattention.kernels.rules import rule_constants
 
     b, hq, lq, d = query.shape
@@ -67,7 +75,9 @@ def fused_attention(
     qp = prepass_qk(query, cfg.q.rule, hadamard=cfg.hadamard, len_multiple=max(bm, 128))
     kp = prepass_qk(key, cfg.k.rule, hadamard=cfg.hadamard, len_multiple=max(bn, 128))
     vp = prepass_v(value, cfg.v.rule, len_multiple=max(bn, 128))
-    out = torch.empty((b, hq, lq, dv), dtype=query.dtype, device=query.device)
+    # The interpreter's fp32 -> bf16 cast truncates (Triton 3.9); there torch does the final cast.
+    out_dtype = torch.float32 if kernels_interpreted() else query.dtype
+    out = torch.empty((b, hq, lq, dv), dtype=out_dtype, device=query.device)
     pr = rule_constants(cfg.p.rule)
     dbg = None
     if debug_p:
@@ -93,7 +103,5 @@ def fused_attention(
         num_stages=num_stages or 2,
         debug_p=dbg,
     )
+    out = out.to(query.dtype)
     return (out, lse, dbg) if debug_p else (out, lse)
-
-
-_ = padded_len

@@ -192,4 +192,3 @@ def prepass_v(
         v, codes, scales, n, d, h, *v.stride(), lp, BL=bl, DP=dp, **_rule_args(rule)
     )
     return codes, scales
-

@@ -1,0 +1,93 @@
+"""The torch custom op `mxattention::sdpa`: one opaque node for torch.compile, kernel or reference inside.
+
+Exposes `sdpa_op(query, key, value, attn_mask, is_causal, scale, enable_gqa, cfg_key)` (the op),
+`config_key(cfg)` / `config_from_key(key)` (an `AttentionConfig` as the op's string argument) and
+`kernel_plan(cfg, query, key, value)` (None if the fused kernels run it, else the reason they do not).
+
+The choice between the fused kernels and the PyTorch reference happens inside the op at run time,
+so a compiled graph holds a single node whatever the device, and the reference's one warning per
+reason is issued there, outside the traced code. `register_fake` gives the output shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import warnings
+
+import torch
+
+from mxattention.attention.config import AttentionConfig, QuantSpec
+from mxattention.attention.inputs import check_mask, check_qkv
+from mxattention.attention.sdpa import sdpa_reference
+from mxattention.kernels.fused import fused_attention, unsupported_reason
+
+_WARNED: set[str] = set()
+
+
+class ReferenceFallbackWarning(UserWarning):
+    """The fused kernels cannot run a call; the PyTorch reference (exact, slow) computes it."""
+
+
+@torch.compiler.assume_constant_result
+def config_key(cfg: AttentionConfig) -> str:
+    """A JSON string that `config_from_key` turns back into an equal `AttentionConfig`."""
+    return json.dumps(dataclasses.asdict(cfg), sort_keys=True)
+
+
+@functools.lru_cache(maxsize=64)
+def config_from_key(key: str) -> AttentionConfig:
+    d = json.loads(key)
+    for name in ("q", "k", "v", "p"):
+        if d[name] is not None:
+            d[name] = QuantSpec(**d[name])
+    return AttentionConfig(**d)
+
+
+def kernel_plan(
+    cfg: AttentionConfig, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+) -> str | None:
+    return unsupported_reason(cfg, query, key.shape[-1], value.shape[-1])
+
+
+def _warn_once(reason: str) -> None:
+    if reason not in _WARNED:
+        _WARNED.add(reason)
+        warnings.warn(
+            f"mxattention: using the PyTorch reference, not the fused kernels: {reason}.",
+            ReferenceFallbackWarning,
+            stacklevel=4,
+        )
+
+
+@torch.library.custom_op("mxattention::sdpa", mutates_args=())
+def sdpa_op(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float,
+    enable_gqa: bool,
+    cfg_key: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O [B, Hq, Lq, Dv] in query's dtype, lse [B, Hq, Lq] fp32) of the method `cfg_key` names."""
+    cfg = config_from_key(cfg_key)
+    reason = kernel_plan(cfg, query, key, value)
+    if reason is not None:
+        _warn_once(reason)
+        out, lse = sdpa_reference(
+            query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, method=cfg, return_lse=True
+        )
+        return out, lse
+    shapes = check_qkv(query, key, value, enable_gqa)
+    mask = check_mask(attn_mask, shapes, query, is_causal)
+    return fused_attention(query, key, value, cfg, mask=mask, is_causal=is_causal, scale=scale)
+
+
+@sdpa_op.register_fake
+def _sdpa_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa, cfg_key):
+    b, hq, lq, _ = query.shape
+    out = query.new_empty((b, hq, lq, value.shape[-1]))
+    return out, query.new_empty((b, hq, lq), dtype=torch.float32)

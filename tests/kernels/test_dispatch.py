@@ -1,0 +1,86 @@
+"""The public function: which path runs, the one warning per reason, and torch.compile without breaks."""
+
+import warnings
+
+import pytest
+import torch
+
+import mxattention as mx
+from mxattention.attention.config import PRESETS
+from mxattention.attention.reference import reference_attention
+from mxattention.kernels import op
+from mxattention.kernels.fused import fused_attention
+
+from .helpers import qkv
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings():
+    op._WARNED.clear()
+    yield
+    op._WARNED.clear()
+
+
+def test_config_key_round_trip():
+    for cfg in PRESETS.values():
+        assert op.config_from_key(op.config_key(cfg)) == cfg
+
+
+def _fallbacks(record):
+    return [w for w in record if issubclass(w.category, op.ReferenceFallbackWarning)]
+
+
+def test_cpu_uses_reference_and_warns_once(monkeypatch):
+    monkeypatch.delenv("MXATTENTION_CPU_KERNELS", raising=False)
+    q, k, v = qkv(1, 2, 2, 20, 30, 64)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        out = mx.scaled_dot_product_attention(q, k, v)
+        mx.scaled_dot_product_attention(q, k, v)
+    (w,) = _fallbacks(rec)
+    assert "cpu" in str(w.message)
+    ref, _ = reference_attention(q, k, v, mx.get_method("mxattention"), scale=64**-0.5)
+    assert torch.equal(out, ref)
+
+
+def test_nvfp4_reason(monkeypatch):
+    monkeypatch.setenv("MXATTENTION_CPU_KERNELS", "1")
+    q, k, v = qkv(1, 1, 1, 16, 32, 64)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        mx.scaled_dot_product_attention(q, k, v, method="nvfp4")
+        mx.scaled_dot_product_attention(q, k, v, method="nvfp4-sage")
+    msgs = [str(w.message) for w in _fallbacks(rec)]
+    assert len(msgs) == 2 and "NVFP4" in msgs[0]
+
+
+def test_kernel_path_through_public_function(monkeypatch):
+    """With MXATTENTION_CPU_KERNELS=1 CPU tensors take the (interpreted) kernels: GQA, mask, lse."""
+    monkeypatch.setenv("MXATTENTION_CPU_KERNELS", "1")
+    q, k, v = qkv(1, 4, 2, 40, 70, 64)
+    mask = torch.rand(1, 1, 1, 70) > 0.2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", op.ReferenceFallbackWarning)
+        out, lse = mx.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True, return_lse=True)
+    want, want_lse = fused_attention(
+        q, k, v, mx.get_method("mxattention"), mask=mask.expand(1, 4, 40, 70), scale=0.125
+    )
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+@pytest.mark.parametrize("kernels", ["0", "1"])
+def test_compile_fullgraph(monkeypatch, kernels):
+    monkeypatch.setenv("MXATTENTION_CPU_KERNELS", kernels)
+    torch._dynamo.reset()
+    q, k, v = qkv(1, 2, 2, 24, 40, 64)
+    mask = torch.rand(1, 1, 1, 40) > 0.3
+
+    def f(q, k, v, mask):
+        return mx.scaled_dot_product_attention(q, k, v, mask, method="mxfp4-ocp", return_lse=True)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", op.ReferenceFallbackWarning)
+        out, lse = compiled(q, k, v, mask)
+        want, want_lse = f(q, k, v, mask)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)

@@ -1,0 +1,77 @@
+"""The pre-pass bytes equal `mx_quantize` (on the rotated values) bit for bit.
+
+The rotation is the same fp32 butterfly network as `rotation.rotate`, so no fraction of elements is
+allowed to differ: every test demands exact equality of codes and scale bytes.
+"""
+
+import pytest
+import torch
+
+from mxattention.formats.ladders import E2M1
+from mxattention.formats.mx import mx_quantize
+from mxattention.kernels.prepass import prepass_qk, prepass_v
+from mxattention.rotation import rotate
+from tests.formats.hard_values import hard_values
+
+RULES = ("ocp", "tfs", "uos", 5.3, 7.0000001)
+
+
+def _outliers(shape, g):
+    x = torch.randn(shape, generator=g)
+    x = x * torch.exp(2 * torch.randn(shape[-1], generator=g))  # channel outliers
+    x[..., 3, :7] = 0.0
+    x[..., 5, :] = 0.0
+    return x
+
+
+def _check_qk(x, rule, hadamard, device):
+    codes, scales = prepass_qk(x.to(device), rule, hadamard=hadamard)
+    ref = mx_quantize(rotate(x.float()) if hadamard else x, axis=-1, rule=rule)
+    n, nb = x.shape[-2], ref.scales.shape[-1]
+    assert torch.equal(codes[..., :n, : nb * 16].cpu(), ref.data)
+    assert torch.equal(scales[..., :n, :nb].cpu(), ref.scales)
+    assert (codes[..., n:, :] == 0).all() and (scales[..., n:, :] == 127).all()  # padding rows
+    assert (codes[..., nb * 16 :] == 0).all() and (scales[..., nb:] == 127).all()  # padding cols
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("hadamard", [False, True])
+@pytest.mark.parametrize("d", [32, 64, 80, 128])
+def test_qk_bytes_equal_mx_quantize(rule, hadamard, d, device):
+    g = torch.Generator().manual_seed(d * 7 + hadamard)
+    _check_qk(_outliers((2, 2, 37, d), g), rule, hadamard, device)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_qk_hard_values(rule, device):
+    # Ties, powers of two, boundaries q * 2**k and neighbours, subnormals, zero blocks, huge blocks.
+    x = hard_values(E2M1, 64 * 128, seed=3).view(1, 1, 64, 128)
+    _check_qk(x, rule, False, device)
+
+
+def test_qk_nonfinite_blocks(device):
+    x = torch.randn(1, 1, 4, 64)
+    x[0, 0, 0, 3] = float("nan")
+    x[0, 0, 1, 40] = float("inf")
+    x[0, 0, 2, 0] = -float("inf")
+    _check_qk(x, "uos", False, device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_qk_half_inputs(dtype, device):
+    g = torch.Generator().manual_seed(1)
+    _check_qk(_outliers((1, 2, 50, 64), g).to(dtype), "uos", True, device)
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("d", [64, 80])
+def test_v_bytes_equal_mx_quantize(rule, d, device):
+    g = torch.Generator().manual_seed(d)
+    v = _outliers((1, 2, 100, d), g)
+    v[0, 0, :40] = hard_values(E2M1, 40 * d, seed=d).view(40, d)
+    codes, scales = prepass_v(v.to(device), rule)
+    ref = mx_quantize(v, axis=-2, rule=rule)
+    nb = ref.scales.shape[-1]
+    assert torch.equal(codes[:, :, :d, : nb * 16].cpu(), ref.data)
+    assert torch.equal(scales[:, :, :d, :nb].cpu(), ref.scales)
+    assert (codes[:, :, :, nb * 16 :] == 0).all() and (scales[:, :, :, nb:] == 127).all()

@@ -55,7 +55,10 @@ def compare(
     matrix_path: str | None = None,
     block_m: int | None = None,
 ) -> Comparison:
-    """Kernel vs `reference_attention` on [B, H, L, D] inputs (kv heads repeated for the reference)."""
+    """Kernel vs `reference_attention` on [B, H, L, D] inputs (kv heads repeated for the reference).
+
+    Both run on `device`; the tensors in the result stay there.
+    """
     cfg = get_method(cfg)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     b, hq, lq, _ = q.shape
@@ -73,10 +76,12 @@ def compare(
         block_m=block_m,
         debug_p=True,
     )
-    out, lse, p_dbg = out.float().cpu(), lse.cpu(), p_dbg.cpu()
+    out, lse, p_dbg = out.float(), lse, p_dbg
     group = hq // k.shape[1]
-    kr, vr = k.float().repeat_interleave(group, 1), v.float().repeat_interleave(group, 1)
-    qf = q.float()
+    kr = k.to(device).float().repeat_interleave(group, 1)
+    vr = v.to(device).float().repeat_interleave(group, 1)
+    qf = q.to(device).float()
+    full_mask = None if full_mask is None else full_mask.to(device)
     ref_out, ref_lse, p_ref = _recorded_reference(qf, kr, vr, cfg, full_mask, is_causal, scale)
     ref_out = ref_out.to(q.dtype).float()  # the public function returns the input dtype
     fp_out, _ = reference_attention(

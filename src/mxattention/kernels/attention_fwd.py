@@ -51,6 +51,8 @@ def _mx_attention_fwd_kernel(
     Out,
     Lse,
     Pdbg,
+    Kx,
+    Vx,
     qk_scale,
     Lq,
     Lk,
@@ -80,6 +82,7 @@ def _mx_attention_fwd_kernel(
     DOT_SCALED: tl.constexpr,
     DEBUG_P: tl.constexpr,
     DOT_T: tl.constexpr,
+    ABLATE: tl.constexpr = 0,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -114,6 +117,8 @@ def _mx_attention_fwd_kernel(
         k_scales = tl.load(Ks + k_rows * (DQ // 32) + offs_dq32[None, :])
         if DOT_SCALED:
             s = tl.dot_scaled(q_codes, q_scales, "e2m1", tl.trans(k_codes), k_scales, "e2m1")
+        elif ABLATE & 2:
+            s = tl.dot(q_hat, tl.trans(tl.load(Kx + k_rows * DQ + tl.arange(0, DQ)[None, :])))
         else:
             s = tl.dot(q_hat, tl.trans(dequant_e2m1(k_codes, k_scales, BN, DQ).to(DOT_T)))
         s = s * qk_scale
@@ -141,6 +146,8 @@ def _mx_attention_fwd_kernel(
         two_e = tl.expand_dims(exp2_int(e), 2)
         p_hat3 = e2m1_round(p3, two_e)
         p_hat = tl.reshape(p_hat3, [BM, BN])
+        if ABLATE & 1:
+            p_hat = p_tilde
         if DEBUG_P:
             dptr = Pdbg + (bh.to(tl.int64) * Lq + offs_m[:, None]) * LKP + offs_n[None, :]
             tl.store(dptr, p_hat, mask=offs_m[:, None] < Lq)
@@ -160,6 +167,9 @@ def _mx_attention_fwd_kernel(
             p_codes = pack_nibbles(code, BM, BN)
             p_scales = (e + 127).to(tl.uint8)
             o_tilde = tl.dot_scaled(p_codes, p_scales, "e2m1", tl.trans(v_codes), v_scales, "e2m1", o_tilde)
+        elif ABLATE & 2:
+            v_hat = tl.load(Vx + (k_base + offs_n[:, None]) * DV + offs_dv[None, :])
+            o_tilde = tl.dot(p_hat.to(DOT_T), v_hat, o_tilde)
         else:
             v_hat = dequant_e2m1(v_codes, v_scales, DV, BN).to(DOT_T)
             o_tilde = tl.dot(p_hat.to(DOT_T), tl.trans(v_hat), o_tilde)
@@ -203,6 +213,8 @@ def mx_attention_fwd(
     num_warps: int = 8,
     num_stages: int = 2,
     debug_p: torch.Tensor | None = None,
+    ablate: int = 0,
+    kv_bf16: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Run the attention kernel on pre-pass outputs; writes `out` [B, Hq, Lq, Dv], returns lse [B, Hq, Lq].
 
@@ -211,6 +223,8 @@ def mx_attention_fwd(
     `block_m`, LKP of `block_n`. `mask`: None or a [B, Hq, Lq, Lk] (broadcast) view, bool (True =
     attend) or additive float in natural-log units. `p_rule` = (CEIL, Q_EXP, Q_MANT) of P~'s rule.
     `debug_p`: an fp32 [B, Hq, Lq, LKP] buffer that receives Q(P~) of every tile computed.
+    `ablate` (timing experiments only, wrong results): bit 1 skips the cast of P~; bit 2 reads K^, V^
+    as bf16 [B, Hkv, LKP, DQ] / [B, Hkv, LKP, DVP] from `kv_bf16` instead of decoding the bytes.
     """
     qc, qs = q_packed
     kc, ks = k_packed
@@ -245,6 +259,8 @@ def mx_attention_fwd(
         out,
         lse,
         debug_p if debug_p is not None else lse,
+        kv_bf16[0] if kv_bf16 is not None else qc,
+        kv_bf16[1] if kv_bf16 is not None else qc,
         scale * LOG2E,
         lq,
         lk,
@@ -268,6 +284,7 @@ def mx_attention_fwd(
         DOT_SCALED=path == "dot_scaled",
         DEBUG_P=debug_p is not None,
         DOT_T=tl.float32 if kernels_interpreted() else tl.bfloat16,
+        ABLATE=ablate,
         num_warps=num_warps,
         num_stages=num_stages,
     )

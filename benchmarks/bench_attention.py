@@ -1,0 +1,272 @@
+"""Benchmark the fused MXFP4 attention kernels against torch SDPA (cuDNN, flash) and the reference.
+
+For every shape (B = 1, non-causal, bf16 inputs): ms and effective TFLOP/s (4 Lq Lk D H / t) of
+torch SDPA bf16 (cuDNN and FlashAttention backends), the fused direct-OCP method ("mxfp4-ocp"),
+the full MXAttention method, the pre-pass alone, and the PyTorch reference (small shapes only),
+plus the peak extra memory of each call. Optionally a tile sweep and stage ablations at one shape.
+Writes <out>/<name>.json and <out>/<name>.md with the GPU, date, versions and command.
+
+    python benchmarks/bench_attention.py --help
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+SHAPES = {
+    # label: (H, Lq, Lk, D)
+    "wan14b-4k": (40, 4096, 4096, 128),
+    "wan14b-16k": (40, 16384, 16384, 128),
+    "wan14b-32k": (40, 32760, 32760, 128),
+    "wan14b-75k": (40, 75600, 75600, 128),
+    "hunyuan-32k": (24, 32760, 32760, 128),
+    "wan1.3b-d64-32k": (12, 32760, 32760, 64),
+    "wan1.3b-d128-32k": (12, 32760, 32760, 128),
+    "cross-32k-512": (40, 32760, 512, 128),
+}
+SMALL = {
+    "small-2k": (8, 2048, 2048, 128),
+    "small-d64": (8, 2048, 2048, 64),
+    "cross-small": (8, 4096, 512, 128),
+}
+
+
+def _bench(fn, rep_ms: float) -> tuple[float, float]:
+    """(median ms, peak extra MiB) of fn() after warm-up."""
+    import triton.testing
+
+    fn()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    extra = (torch.cuda.max_memory_allocated() - base) / 2**20
+    ms = triton.testing.do_bench(fn, warmup=max(1, rep_ms // 5), rep=rep_ms, return_mode="median")
+    return float(ms), extra
+
+
+def _inputs(h, lq, lk, d, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    chan = torch.exp(torch.randn(d, device="cuda", generator=g))
+    q = (torch.randn(1, h, lq, d, device="cuda", generator=g) * chan).bfloat16()
+    k = (torch.randn(1, h, lk, d, device="cuda", generator=g) * chan).bfloat16()
+    v = torch.randn(1, h, lk, d, device="cuda", generator=g).bfloat16()
+    return q, k, v
+
+
+def run_shape(label, shape, args, log):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from mxattention.attention.config import get_method
+    from mxattention.attention.reference import reference_attention
+    from mxattention.kernels.fused import fused_attention
+    from mxattention.kernels.prepass import prepass_qk, prepass_v
+
+    h, lq, lk, d = shape
+    flop = 4.0 * lq * lk * d * h
+    q, k, v = _inputs(h, lq, lk, d)
+    scale = d**-0.5
+    full, ocp = get_method("mxattention"), get_method("mxfp4-ocp")
+    rows = {}
+
+    def sdpa(backend):
+        def f():
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+        return f
+
+    cands = {
+        "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+        "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),
+        "mx_ocp_direct": lambda: fused_attention(q, k, v, ocp, scale=scale),
+        "mx_full": lambda: fused_attention(q, k, v, full, scale=scale),
+        "prepass": lambda: (
+            prepass_qk(q, "uos", hadamard=True),
+            prepass_qk(k, "uos", hadamard=True),
+            prepass_v(v, "uos"),
+        ),
+    }
+    if lq * lk * h <= args.reference_max:
+        qf, kf, vf = q.float(), k.float(), v.float()
+        cands["reference"] = lambda: reference_attention(qf, kf, vf, full, scale=scale)
+    for name, fn in cands.items():
+        try:
+            ms, extra = _bench(fn, args.rep_ms if name != "reference" else 200)
+            rows[name] = {"ms": ms, "tflops": flop / ms / 1e9, "extra_mib": extra}
+        except Exception as e:  # report and go on: one failing backend must not hide the others
+            rows[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        log(f"  {label} {name}: {rows[name]}")
+    torch.cuda.empty_cache()
+    packed = 3 * h * max(lq, lk) * d * (0.5 + 1 / 32) / 2**20
+    return {
+        "label": label,
+        "H": h,
+        "Lq": lq,
+        "Lk": lk,
+        "D": d,
+        "flop": flop,
+        "packed_qkv_mib": packed,
+        "rows": rows,
+    }
+
+
+def sweep(args, log):
+    """Tiles / warps / stages of the full method, and ablations that leave one stage out."""
+    from mxattention.attention.config import get_method
+    from mxattention.kernels.attention_fwd import mx_attention_fwd
+    from mxattention.kernels.prepass import prepass_qk, prepass_v
+    from mxattention.kernels.rules import rule_constants
+
+    h, lq, lk, d = SHAPES[args.sweep_shape] if args.sweep_shape in SHAPES else SMALL[args.sweep_shape]
+    flop = 4.0 * lq * lk * d * h
+    q, k, v = _inputs(h, lq, lk, d)
+    cfg = get_method("mxattention")
+    qp = prepass_qk(q, "uos", hadamard=True)
+    kp = prepass_qk(k, "uos", hadamard=True)
+    vp = prepass_v(v, "uos")
+    out = torch.empty_like(q)
+    pr = rule_constants("uos")
+    kx = torch.randn(1, h, kp[0].shape[2], d, device="cuda").bfloat16()
+    vx = torch.randn(1, h, kp[0].shape[2], d, device="cuda").bfloat16()
+    results = []
+    variants = [(bm, w, st, 0) for bm, w, st in args.tiles] + [(128, 8, 2, a) for a in (1, 2, 3)]
+    for bm, w, st, ablate in variants:
+
+        def f(bm=bm, w=w, st=st, ablate=ablate):
+            return mx_attention_fwd(
+                qp, kp, vp, lq=lq, lk=lk, dv=d, group=1, out=out, p_rule=(pr.ceil, pr.q_exp, pr.q_mant),
+                pnq=True, block_n=cfg.block_n, scale=d**-0.5, matrix_path="bf16", block_m=bm,
+                num_warps=w, num_stages=st, ablate=ablate, kv_bf16=(kx, vx),
+            )  # fmt: skip
+
+        row = {"block_m": bm, "num_warps": w, "num_stages": st, "ablate": ablate}
+        try:
+            ms, _ = _bench(f, args.rep_ms)
+            row.update(ms=ms, tflops=flop / ms / 1e9)
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        log(f"  sweep {row}")
+        results.append(row)
+    return {"shape": args.sweep_shape, "rows": results}
+
+
+def markdown(report) -> str:
+    lines = [
+        f"# Attention benchmark: {report['gpu']}",
+        "",
+        f"- date: {report['date']}; torch {report['torch']}, triton {report['triton']}, python {report['python']}",
+        f"- command: `{report['command']}`",
+        "- B = 1, non-causal, bf16 inputs; TFLOP/s = 4 Lq Lk D H / t; extra = peak memory beyond the inputs",
+        "",
+        "| shape | H | Lq | Lk | D | method | ms | TFLOP/s | extra MiB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for s in report["shapes"]:
+        for name, r in s["rows"].items():
+            if "error" in r:
+                cells = f"error: {r['error'][:80]} | | "
+            else:
+                cells = f"{r['ms']:.3f} | {r['tflops']:.1f} | {r['extra_mib']:.0f}"
+            lines.append(f"| {s['label']} | {s['H']} | {s['Lq']} | {s['Lk']} | {s['D']} | {name} | {cells} |")
+    lines += [
+        "",
+        "| shape | full / cuDNN speed | full / flash speed | full vs direct-OCP | full vs reference |",
+    ]
+    lines.append("| --- | --- | --- | --- | --- |")
+    for s in report["shapes"]:
+        r = s["rows"]
+
+        def ms(n, r=r):
+            return r.get(n, {}).get("ms", math.nan)
+
+        lines.append(
+            f"| {s['label']} | {ms('sdpa_cudnn') / ms('mx_full'):.2f}x | {ms('sdpa_flash') / ms('mx_full'):.2f}x | "
+            f"{100 * (ms('mx_full') / ms('mx_ocp_direct') - 1):+.1f} % | {ms('reference') / ms('mx_full'):.0f}x |"
+        )
+    if report.get("sweep"):
+        lines += [
+            "",
+            f"Sweep at {report['sweep']['shape']} (bf16 path; ablate 1: no P cast, 2: K/V read as bf16)",
+            "",
+        ]
+        lines += [
+            "| block_m | warps | stages | ablate | ms | TFLOP/s |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for r in report["sweep"]["rows"]:
+            res = f"{r['ms']:.3f} | {r['tflops']:.1f}" if "ms" in r else f"error: {r['error'][:80]} |"
+            lines.append(f"| {r['block_m']} | {r['num_warps']} | {r['num_stages']} | {r['ablate']} | {res} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--shapes",
+        default="all",
+        help="comma-separated labels, 'all' or 'small'; known: " + ", ".join([*SHAPES, *SMALL]),
+    )
+    ap.add_argument("--out", default="benchmarks/results", help="output folder")
+    ap.add_argument("--name", default="attention_h200", help="file stem of the JSON and markdown")
+    ap.add_argument("--rep-ms", type=float, default=300.0, help="do_bench time budget per method (ms)")
+    ap.add_argument(
+        "--reference-max", type=float, default=40 * 4096 * 4096, help="largest Lq*Lk*H the reference runs at"
+    )
+    ap.add_argument(
+        "--sweep-shape", default="", help="shape label for the tile sweep / ablations ('' = none)"
+    )
+    ap.add_argument("--tiles", default="128x8x2,128x8x3,64x4x2,64x4x3,128x4x2", help="BMxWARPSxSTAGES list")
+    args = ap.parse_args(argv)
+    args.tiles = [tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",") if t]
+    if not torch.cuda.is_available():
+        print("needs a CUDA device", file=sys.stderr)
+        return 2
+    import triton
+
+    names = (
+        list(SHAPES)
+        if args.shapes == "all"
+        else list(SMALL)
+        if args.shapes == "small"
+        else args.shapes.split(",")
+    )
+    t0 = time.time()
+
+    def log(msg):
+        print(f"[{time.time() - t0:7.1f}s] {msg}", flush=True)
+
+    report = {
+        "gpu": torch.cuda.get_device_name(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "command": "python " + " ".join(sys.argv),
+        "shapes": [],
+    }
+    if args.sweep_shape:
+        report["sweep"] = sweep(args, log)
+    for n in names:
+        report["shapes"].append(run_shape(n, {**SHAPES, **SMALL}[n], args, log))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.name}.json").write_text(json.dumps(report, indent=1))
+    md = markdown(report)
+    (out / f"{args.name}.md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -91,10 +91,11 @@ def run_shape(label, shape, args, log):
         "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),
         "mx_ocp_direct": lambda: fused_attention(q, k, v, ocp, scale=scale),
         "mx_full": lambda: fused_attention(q, k, v, full, scale=scale),
+        "mx_full_packed_kv": lambda: fused_attention(q, k, v, full, scale=scale, kv_layout="packed"),
         "prepass": lambda: (
             prepass_qk(q, "uos", hadamard=True),
-            prepass_qk(k, "uos", hadamard=True),
-            prepass_v(v, "uos"),
+            prepass_qk(k, "uos", hadamard=True, out_bf16=True),
+            prepass_v(v, "uos", out_bf16=True),
         ),
     }
     if lq * lk * h <= args.reference_max:
@@ -133,24 +134,31 @@ def sweep(args, log):
     q, k, v = _inputs(h, lq, lk, d)
     cfg = get_method("mxattention")
     qp = prepass_qk(q, "uos", hadamard=True)
-    kp = prepass_qk(k, "uos", hadamard=True)
-    vp = prepass_v(v, "uos")
+    operands = {
+        "packed": (prepass_qk(k, "uos", hadamard=True), prepass_v(v, "uos")),
+        "bf16": (prepass_qk(k, "uos", hadamard=True, out_bf16=True), prepass_v(v, "uos", out_bf16=True)),
+    }
     out = torch.empty_like(q)
     pr = rule_constants("uos")
-    kx = torch.randn(1, h, kp[0].shape[2], d, device="cuda").bfloat16()
-    vx = torch.randn(1, h, kp[0].shape[2], d, device="cuda").bfloat16()
     results = []
-    variants = [(bm, w, st, 0) for bm, w, st in args.tiles] + [(128, 8, 2, a) for a in (1, 2, 3)]
-    for bm, w, st, ablate in variants:
+    variants = [("bf16", bm, w, st, 0, False) for bm, w, st in args.tiles]
+    variants += [
+        ("packed", 128, 8, 3, 0, False),
+        ("packed", 128, 8, 3, 1, False),
+        ("bf16", 128, 8, 3, 1, False),
+    ]
+    variants += [("bf16", 128, 8, 3, 0, True), ("bf16", 128, 4, 3, 0, True)]
+    for layout, bm, w, st, ablate, ws in variants:
+        kp, vp = operands[layout]
 
-        def f(bm=bm, w=w, st=st, ablate=ablate):
+        def f(bm=bm, w=w, st=st, ablate=ablate, kp=kp, vp=vp, ws=ws):
             return mx_attention_fwd(
                 qp, kp, vp, lq=lq, lk=lk, dv=d, group=1, out=out, p_rule=(pr.ceil, pr.q_exp, pr.q_mant),
                 pnq=True, block_n=cfg.block_n, scale=d**-0.5, matrix_path="bf16", block_m=bm,
-                num_warps=w, num_stages=st, ablate=ablate, kv_bf16=(kx, vx),
+                num_warps=w, num_stages=st, ablate=ablate, warp_specialize=ws,
             )  # fmt: skip
 
-        row = {"block_m": bm, "num_warps": w, "num_stages": st, "ablate": ablate}
+        row = {"kv": layout, "block_m": bm, "num_warps": w, "num_stages": st, "ablate": ablate, "ws": ws}
         try:
             ms, _ = _bench(f, args.rep_ms)
             row.update(ms=ms, tflops=flop / ms / 1e9)
@@ -197,16 +205,16 @@ def markdown(report) -> str:
     if report.get("sweep"):
         lines += [
             "",
-            f"Sweep at {report['sweep']['shape']} (bf16 path; ablate 1: no P cast, 2: K/V read as bf16)",
+            f"Attention kernel alone at {report['sweep']['shape']} (bf16 path; ablate 1: P~ not cast)",
             "",
         ]
-        lines += [
-            "| block_m | warps | stages | ablate | ms | TFLOP/s |",
-            "| --- | --- | --- | --- | --- | --- |",
-        ]
+        lines += ["| K/V | block_m | warps | stages | ablate | warp-spec | ms | TFLOP/s |"]
+        lines += ["| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in report["sweep"]["rows"]:
             res = f"{r['ms']:.3f} | {r['tflops']:.1f}" if "ms" in r else f"error: {r['error'][:80]} |"
-            lines.append(f"| {r['block_m']} | {r['num_warps']} | {r['num_stages']} | {r['ablate']} | {res} |")
+            lines.append(
+                f"| {r['kv']} | {r['block_m']} | {r['num_warps']} | {r['num_stages']} | {r['ablate']} | {r['ws']} | {res} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -226,7 +234,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--sweep-shape", default="", help="shape label for the tile sweep / ablations ('' = none)"
     )
-    ap.add_argument("--tiles", default="128x8x2,128x8x3,64x4x2,64x4x3,128x4x2", help="BMxWARPSxSTAGES list")
+    ap.add_argument("--tiles", default="128x8x2,128x8x3,128x8x4,64x4x3", help="BMxWARPSxSTAGES list")
     args = ap.parse_args(argv)
     args.tiles = [tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",") if t]
     if not torch.cuda.is_available():

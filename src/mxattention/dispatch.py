@@ -36,10 +36,13 @@ def scaled_dot_product_attention(
     `method` is a preset name (`mxattention.list_methods()`) or an `AttentionConfig`.
     With `return_lse`, also the natural-log log-sum-exp [B, Hq, Lq] in fp32.
     """
-    cfg = get_method(method)
+    cfg = get_method(method)  # validates a preset name early
     shapes = check_qkv(query, key, value, enable_gqa)
     check_scalars(dropout_p, scale)
     check_mask(attn_mask, shapes, query, is_causal)
     scale_ = 1.0 / math.sqrt(shapes.head_dim) if scale is None else float(scale)
-    out, lse = sdpa_op(query, key, value, attn_mask, is_causal, scale_, enable_gqa, config_key(cfg))
+    # A preset travels as its name: a plain string constant for torch.compile (torch 2.11's dynamo
+    # cannot rebuild a frozen dataclass to call config_key on it).
+    key_ = method if isinstance(method, str) else config_key(cfg)
+    out, lse = sdpa_op(query, key, value, attn_mask, is_causal, scale_, enable_gqa, key_)
     return (out, lse) if return_lse else out

@@ -19,6 +19,7 @@ class Comparison:
     lse_max_abs: float  # over rows where both are finite
     p_decisions: int  # Q(P~) elements the two computed (every key of every tile that ran)
     p_differ: int  # of those, how many got a different value (code or scale)
+    max_row_flips: int  # the most differing decisions in one row
     out: torch.Tensor
     lse: torch.Tensor
     ref_out: torch.Tensor
@@ -54,6 +55,7 @@ def compare(
     device: str = "cpu",
     matrix_path: str | None = None,
     block_m: int | None = None,
+    kv_layout: str | None = None,
 ) -> Comparison:
     """Kernel vs `reference_attention` on [B, H, L, D] inputs (kv heads repeated for the reference).
 
@@ -74,6 +76,7 @@ def compare(
         scale=scale,
         matrix_path=matrix_path,
         block_m=block_m,
+        kv_layout=kv_layout,
         debug_p=True,
     )
     out, lse, p_dbg = out.float(), lse, p_dbg
@@ -101,6 +104,7 @@ def compare(
         lse_max_abs=(lse - ref_lse)[both].abs().max().item() if both.any() else 0.0,
         p_decisions=p_ref.numel(),
         p_differ=int((p_k != p_ref).sum()),
+        max_row_flips=int((p_k != p_ref).sum(-1).max()) if p_ref.numel() else 0,
         out=out,
         lse=lse,
         ref_out=ref_out,

@@ -11,7 +11,9 @@ block boundary. Bounds, and the measured values they cover (interpreter, fp32 do
   bounds a single flip's effect on a row by ~|V| / (8 l); a flip rate of 1e-3 would already stay
   under this bound, so the bound does not hide a systematic error (which moves every row).
 - differing Q(P~) decisions <= 1e-3 of all decisions (measured: 0 on these cases);
-- |lse_kernel - lse_ref| <= 1e-4 where finite, identical -inf rows, O = 0 on rows with no key.
+- |lse_kernel - lse_ref| <= 1e-4 where finite on rows without a flipped decision; a flip moves l by
+  at most one E2M1 step, less than 0.6 (the row max contributes 1 to l >= 1), so rows with f flips
+  get 1e-4 + 0.6 f; identical -inf rows, O = 0 on rows with no key.
 """
 
 import pytest
@@ -33,7 +35,8 @@ def _check(c, label=""):
     assert torch.isfinite(c.out).all()
     assert c.rel_l2 <= REL_OF_QUANT * c.quant_rel_l2
     assert c.p_differ <= DECISION_RATE * c.p_decisions
-    assert c.lse_max_abs <= 1e-4
+    # A flipped decision moves l by at most one E2M1 step (< 0.6 of the row max's 1), and l >= 1.
+    assert c.lse_max_abs <= 1e-4 + 0.6 * c.max_row_flips
     assert torch.equal(torch.isneginf(c.lse), torch.isneginf(c.ref_lse))
     empty = torch.isneginf(c.ref_lse)
     assert (c.out[empty] == 0).all()
@@ -101,13 +104,17 @@ def test_half_inputs(device):
     _check(compare(q, k, v, "mxattention", device=device), "bf16 in")
 
 
-def test_matrix_paths_agree(device):
-    """The dot_scaled and the dequantize-to-bf16 paths compute the same function."""
+@pytest.mark.parametrize("path,layout", [("bf16", "packed"), ("bf16", "bf16")])
+def test_matrix_paths_agree(path, layout, device):
+    """dot_scaled on bytes, and the bf16 path on bytes or on bf16 K^, V^: the same function."""
+    if device == "cuda" and torch.cuda.get_device_capability()[0] < 10:
+        pytest.skip("tl.dot_scaled with E2M1 is emulated before sm_100: compared in test_gpu instead")
     q, k, v = qkv(1, 2, 2, 64, 160, 64, seed=9)
     a = compare(q, k, v, "mxattention", device=device, matrix_path="dot_scaled")
-    b = compare(q, k, v, "mxattention", device=device, matrix_path="bf16")
+    b = compare(q, k, v, "mxattention", device=device, matrix_path=path, kv_layout=layout)
     _check(a, "dot_scaled")
-    _check(b, "bf16")
+    _check(b, f"{path}/{layout}")
     rel = ((a.out - b.out).norm() / a.out.norm()).item()
     print(f"paths: rel-L2 {rel:.2e}")
     assert rel <= 1e-5
+    assert int((a.lse != b.lse).sum()) <= a.lse.numel() // 100

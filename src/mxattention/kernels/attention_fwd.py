@@ -82,7 +82,9 @@ def _mx_attention_fwd_kernel(
     DOT_SCALED: tl.constexpr,
     DEBUG_P: tl.constexpr,
     DOT_T: tl.constexpr,
+    KV_BF16: tl.constexpr,
     ABLATE: tl.constexpr = 0,
+    WARP_SPEC: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -110,15 +112,17 @@ def _mx_attention_fwd_kernel(
     hi = Lk
     if CAUSAL:
         hi = tl.minimum(Lk, (pid_m + 1) * BM)
-    for start_n in range(0, hi, BN):
+    for start_n in tl.range(0, hi, BN, warp_specialize=WARP_SPEC):
         offs_n = start_n + offs_n0
         k_rows = k_base + offs_n[:, None]
-        k_codes = tl.load(Kc + k_rows * (DQ // 2) + offs_dq2[None, :])
-        k_scales = tl.load(Ks + k_rows * (DQ // 32) + offs_dq32[None, :])
+        if not KV_BF16:
+            k_codes = tl.load(Kc + k_rows * (DQ // 2) + offs_dq2[None, :])
+            k_scales = tl.load(Ks + k_rows * (DQ // 32) + offs_dq32[None, :])
         if DOT_SCALED:
             s = tl.dot_scaled(q_codes, q_scales, "e2m1", tl.trans(k_codes), k_scales, "e2m1")
-        elif ABLATE & 2:
-            s = tl.dot(q_hat, tl.trans(tl.load(Kx + k_rows * DQ + tl.arange(0, DQ)[None, :])))
+        elif KV_BF16:
+            k_hat = tl.load(Kx + k_rows * DQ + tl.arange(0, DQ)[None, :]).to(DOT_T)
+            s = tl.dot(q_hat, tl.trans(k_hat))
         else:
             s = tl.dot(q_hat, tl.trans(dequant_e2m1(k_codes, k_scales, BN, DQ).to(DOT_T)))
         s = s * qk_scale
@@ -157,8 +161,9 @@ def _mx_attention_fwd_kernel(
             l = alpha * l + tl.sum(p_tilde, 1)
         o_tilde = o_tilde * alpha[:, None]
 
-        v_codes = tl.load(Vc + v_rows // 2 + (start_n // 2 + tl.arange(0, BN // 2))[None, :])
-        v_scales = tl.load(Vs + v_rows // 32 + (start_n // 32 + tl.arange(0, BN // 32))[None, :])
+        if not KV_BF16:
+            v_codes = tl.load(Vc + v_rows // 2 + (start_n // 2 + tl.arange(0, BN // 2))[None, :])
+            v_scales = tl.load(Vs + v_rows // 32 + (start_n // 32 + tl.arange(0, BN // 32))[None, :])
         if DOT_SCALED:
             # p_hat / 2**e is exactly on the E2M1 ladder; its bits give the code.
             r = tl.reshape(p_hat3 / two_e, [BM, BN])
@@ -167,8 +172,8 @@ def _mx_attention_fwd_kernel(
             p_codes = pack_nibbles(code, BM, BN)
             p_scales = (e + 127).to(tl.uint8)
             o_tilde = tl.dot_scaled(p_codes, p_scales, "e2m1", tl.trans(v_codes), v_scales, "e2m1", o_tilde)
-        elif ABLATE & 2:
-            v_hat = tl.load(Vx + (k_base + offs_n[:, None]) * DV + offs_dv[None, :])
+        elif KV_BF16:
+            v_hat = tl.load(Vx + (k_base + offs_n[:, None]) * DV + offs_dv[None, :]).to(DOT_T)
             o_tilde = tl.dot(p_hat.to(DOT_T), v_hat, o_tilde)
         else:
             v_hat = dequant_e2m1(v_codes, v_scales, DV, BN).to(DOT_T)
@@ -194,8 +199,8 @@ def default_matrix_path(device: torch.device) -> str:
 
 def mx_attention_fwd(
     q_packed: tuple[torch.Tensor, torch.Tensor],
-    k_packed: tuple[torch.Tensor, torch.Tensor],
-    v_packed: tuple[torch.Tensor, torch.Tensor],
+    k_packed: tuple[torch.Tensor, torch.Tensor] | torch.Tensor,
+    v_packed: tuple[torch.Tensor, torch.Tensor] | torch.Tensor,
     *,
     lq: int,
     lk: int,
@@ -214,7 +219,7 @@ def mx_attention_fwd(
     num_stages: int = 2,
     debug_p: torch.Tensor | None = None,
     ablate: int = 0,
-    kv_bf16: tuple[torch.Tensor, torch.Tensor] | None = None,
+    warp_specialize: bool = False,
 ) -> torch.Tensor:
     """Run the attention kernel on pre-pass outputs; writes `out` [B, Hq, Lq, Dv], returns lse [B, Hq, Lq].
 
@@ -223,16 +228,24 @@ def mx_attention_fwd(
     `block_m`, LKP of `block_n`. `mask`: None or a [B, Hq, Lq, Lk] (broadcast) view, bool (True =
     attend) or additive float in natural-log units. `p_rule` = (CEIL, Q_EXP, Q_MANT) of P~'s rule.
     `debug_p`: an fp32 [B, Hq, Lq, LKP] buffer that receives Q(P~) of every tile computed.
-    `ablate` (timing experiments only, wrong results): bit 1 skips the cast of P~; bit 2 reads K^, V^
-    as bf16 [B, Hkv, LKP, DQ] / [B, Hkv, LKP, DVP] from `kv_bf16` instead of decoding the bytes.
+    `k_packed` / `v_packed` may instead be single bf16 tensors of the dequantized values, K^ [B, Hkv,
+    LKP, DQ] and V^ [B, Hkv, LKP, DVP] (`prepass_*(..., out_bf16=True)`), for the "bf16" path only.
+    `ablate` (timing experiments only, wrong results): bit 1 skips the cast of P~.
     """
     qc, qs = q_packed
-    kc, ks = k_packed
-    vc, vs = v_packed
+    kv_bf16 = isinstance(k_packed, torch.Tensor)
+    if kv_bf16:
+        kx, vx = k_packed, v_packed
+        kc = ks = vc = vs = kx
+        lkp, dvp = kx.shape[2], vx.shape[3]
+    else:
+        (kc, ks), (vc, vs) = k_packed, v_packed
+        kx = vx = qc
+        lkp, dvp = kc.shape[2], vc.shape[2]
     bsz, hq, lqp, dq2 = qc.shape
-    dvp = vc.shape[2]
-    lkp = kc.shape[2]
     path = matrix_path or default_matrix_path(qc.device)
+    if kv_bf16 and path != "bf16":
+        raise ValueError("bf16 K^ / V^ operands need matrix_path='bf16'")
     if path not in MATRIX_PATHS:
         raise ValueError(f"matrix_path must be one of {MATRIX_PATHS}, got {path!r}")
     if lqp % block_m or lkp % block_n:
@@ -259,8 +272,8 @@ def mx_attention_fwd(
         out,
         lse,
         debug_p if debug_p is not None else lse,
-        kv_bf16[0] if kv_bf16 is not None else qc,
-        kv_bf16[1] if kv_bf16 is not None else qc,
+        kx,
+        vx,
         scale * LOG2E,
         lq,
         lk,
@@ -284,7 +297,9 @@ def mx_attention_fwd(
         DOT_SCALED=path == "dot_scaled",
         DEBUG_P=debug_p is not None,
         DOT_T=tl.float32 if kernels_interpreted() else tl.bfloat16,
+        KV_BF16=kv_bf16,
         ABLATE=ablate,
+        WARP_SPEC=warp_specialize,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -14,6 +14,7 @@ from mxattention.attention.config import AttentionConfig
 from mxattention.kernels._triton import HAS_TRITON, kernels_interpreted
 
 MAX_HEAD_DIM = 256
+KV_LAYOUTS = ("packed", "bf16")
 CPU_KERNELS_ENV = "MXATTENTION_CPU_KERNELS"
 
 
@@ -56,6 +57,7 @@ def fused_attention(
     block_m: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    kv_layout: str | None = None,
     debug_p: bool = False,
 ):
     """(O [B, Hq, Lq, Dv] in query's dtype, lse [B, Hq, Lq] fp32) by the fused kernels.
@@ -63,8 +65,11 @@ def fused_attention(
     query [B, Hq, Lq, D], key [B, Hkv, Lk, D], value [B, Hkv, Lk, Dv] with Hq % Hkv == 0 (GQA without
     copies); `mask` None or a [B, Hq, Lq, Lk] broadcast view (bool or additive). With `debug_p`,
     also returns Q(P~) as fp32 [B, Hq, Lq, Lk'] (Lk' = Lk padded to block_n; zeros where no tile ran).
+    `kv_layout`: "packed" (E2M1 bytes + E8M0 scales, decoded in the inner loop: 0.53 bytes per element)
+    or "bf16" (the pre-pass writes the exact dequantized K^, V^ in bf16: 2 bytes per element, and the
+    inner loop only multiplies); default "bf16" on the Hopper path, "packed" for dot_scaled.
     """
-    from mxattention.kernels.attention_fwd import mx_attention_fwd
+    from mxattention.kernels.attention_fwd import default_matrix_path, mx_attention_fwd
     from mxattention.kernels.prepass import padded_dim, prepass_qk, prepass_v
     from mxattention.kernels.rules import rule_constants
 
@@ -73,15 +78,21 @@ def fused_attention(
     bm = block_m or (128 if padded_dim(max(d, dv)) <= 128 else 64)
     bn = cfg.block_n
     qp = prepass_qk(query, cfg.q.rule, hadamard=cfg.hadamard, len_multiple=max(bm, 128))
-    kp = prepass_qk(key, cfg.k.rule, hadamard=cfg.hadamard, len_multiple=max(bn, 128))
-    vp = prepass_v(value, cfg.v.rule, len_multiple=max(bn, 128))
+    path = matrix_path or default_matrix_path(query.device)
+    layout = kv_layout or ("bf16" if path == "bf16" else "packed")
+    if layout not in KV_LAYOUTS:
+        raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {layout!r}")
+    wide = layout == "bf16"
+    kp = prepass_qk(key, cfg.k.rule, hadamard=cfg.hadamard, len_multiple=max(bn, 128), out_bf16=wide)
+    vp = prepass_v(value, cfg.v.rule, len_multiple=max(bn, 128), out_bf16=wide)
     # The interpreter's fp32 -> bf16 cast truncates (Triton 3.9); there torch does the final cast.
     out_dtype = torch.float32 if kernels_interpreted() else query.dtype
     out = torch.empty((b, hq, lq, dv), dtype=out_dtype, device=query.device)
     pr = rule_constants(cfg.p.rule)
     dbg = None
     if debug_p:
-        dbg = torch.zeros((b, hq, lq, kp[0].shape[2]), dtype=torch.float32, device=query.device)
+        lkp = kp.shape[2] if wide else kp[0].shape[2]
+        dbg = torch.zeros((b, hq, lq, lkp), dtype=torch.float32, device=query.device)
     lse = mx_attention_fwd(
         qp,
         kp,
@@ -97,10 +108,10 @@ def fused_attention(
         scale=scale,
         is_causal=is_causal,
         mask=mask,
-        matrix_path=matrix_path,
+        matrix_path=path,
         block_m=bm,
         num_warps=num_warps or (8 if bm >= 128 else 4),
-        num_stages=num_stages or 2,
+        num_stages=num_stages or 3,
         debug_p=dbg,
     )
     out = out.to(query.dtype)

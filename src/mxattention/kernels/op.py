@@ -1,7 +1,8 @@
 """The torch custom op `mxattention::sdpa`: one opaque node for torch.compile, kernel or reference inside.
 
 Exposes `sdpa_op(query, key, value, attn_mask, is_causal, scale, enable_gqa, cfg_key)` (the op),
-`config_key(cfg)` / `config_from_key(key)` (an `AttentionConfig` as the op's string argument) and
+`config_key(cfg)` / `config_from_key(key)` (an `AttentionConfig`, or a preset's name, as the op's
+string argument) and
 `kernel_plan(cfg, query, key, value)` (None if the fused kernels run it, else the reason they do not).
 
 The choice between the fused kernels and the PyTorch reference happens inside the op at run time,
@@ -18,7 +19,7 @@ import warnings
 
 import torch
 
-from mxattention.attention.config import AttentionConfig, QuantSpec
+from mxattention.attention.config import AttentionConfig, QuantSpec, get_method
 from mxattention.attention.inputs import check_mask, check_qkv
 from mxattention.attention.sdpa import sdpa_reference
 from mxattention.kernels.fused import fused_attention, unsupported_reason
@@ -38,6 +39,9 @@ def config_key(cfg: AttentionConfig) -> str:
 
 @functools.lru_cache(maxsize=64)
 def config_from_key(key: str) -> AttentionConfig:
+    """The config a `config_key` string or a preset name stands for."""
+    if not key.startswith("{"):
+        return get_method(key)
     d = json.loads(key)
     for name in ("q", "k", "v", "p"):
         if d[name] is not None:

@@ -10,6 +10,10 @@ Exposes `padded_dim`, `padded_len`, `prepass_qk` and `prepass_v`.
   (a power of two >= 32) and Lp rows (zero rows: codes 0, scale byte 127).
 - `prepass_v(v [B, H, L, Dv])`: the cast in blocks of 32 along the keys. Out: codes
   [B, H, Dvp, Lp / 2] and scales [B, H, Dvp, Lp / 32], i.e. `mx_quantize(v, axis=-2)` padded.
+- `out_bf16=True` (either): the dequantized values as bf16 instead of bytes, exactly
+  `fake_quantize`'s values (each has 2 significant bits and fp32's exponent range, as bf16). The
+  attention kernel's Hopper path reads K^ and V^ this way: decoding bytes in its inner loop costs
+  more integer work than the two GEMMs leave room for (benchmarks/NOTES.md).
 
 The padding lets the attention kernel load whole tiles without bounds checks; padded keys are
 masked out of the scores, padded head-dim columns are zeros on both sides of every dot.
@@ -51,7 +55,17 @@ def _cast_blocks(x3, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constex
     codes = e2m1_code(a * inv) | (sign << 3)
     codes = tl.where(tl.expand_dims(bad, AXIS), 0, codes)
     scales = tl.where(bad, 255, e + 127)
-    return codes, scales
+    return codes, scales, e
+
+
+@triton.jit
+def _decode(codes, e, AXIS: tl.constexpr):
+    """fp32 values of 4-bit codes times 2**e (e reduced over AXIS); exact like `fake_quantize`."""
+    c3 = codes & 7
+    # codes 2..7 are (2 + m) * 2**(E - 2) with E = c3 >> 1, m = c3 & 1; codes 0, 1 are 0, 0.5.
+    mag = tl.where(c3 < 2, 0.5 * c3.to(tl.float32), (2 + (c3 & 1)).to(tl.float32) * exp2_int((c3 >> 1) - 2))
+    val = mag * tl.expand_dims(exp2_int(e), AXIS)
+    return tl.where((codes & 8) != 0, -val, val)
 
 
 @triton.jit
@@ -75,6 +89,7 @@ def _qk_prepass_kernel(
     CEIL: tl.constexpr,
     Q_EXP: tl.constexpr,
     Q_MANT: tl.constexpr,
+    OUT_BF16: tl.constexpr,
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -92,11 +107,15 @@ def _qk_prepass_kernel(
             lo, hi = tl.split(x)
             x = tl.reshape(tl.permute(tl.join(lo + hi, lo - hi), 0, 1, 3, 2), [BL, DP])
         x = x * ROT_NORM
-    codes, scales = _cast_blocks(tl.reshape(x, [BL, DP // 32, 32]), CEIL, Q_EXP, Q_MANT, 2)
-    packed = pack_nibbles(tl.reshape(codes, [BL, DP]), BL, DP)
+    codes, scales, e = _cast_blocks(tl.reshape(x, [BL, DP // 32, 32]), CEIL, Q_EXP, Q_MANT, 2)
     base = bh.to(tl.int64) * L_PAD + rows[:, None].to(tl.int64)
-    tl.store(Codes + base * (DP // 2) + tl.arange(0, DP // 2)[None, :], packed)
-    tl.store(Scales + base * (DP // 32) + tl.arange(0, DP // 32)[None, :], scales.to(tl.uint8))
+    if OUT_BF16:
+        vals = tl.reshape(_decode(codes, e, 2), [BL, DP])
+        tl.store(Codes + base * DP + cols[None, :], vals.to(tl.bfloat16))
+    else:
+        packed = pack_nibbles(tl.reshape(codes, [BL, DP]), BL, DP)
+        tl.store(Codes + base * (DP // 2) + tl.arange(0, DP // 2)[None, :], packed)
+        tl.store(Scales + base * (DP // 32) + tl.arange(0, DP // 32)[None, :], scales.to(tl.uint8))
 
 
 @triton.jit
@@ -117,6 +136,7 @@ def _v_prepass_kernel(
     CEIL: tl.constexpr,
     Q_EXP: tl.constexpr,
     Q_MANT: tl.constexpr,
+    OUT_BF16: tl.constexpr,
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -127,7 +147,12 @@ def _v_prepass_kernel(
     ptrs = X + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
     ptrs = ptrs + rows[:, None].to(tl.int64) * stride_l + cols[None, :] * stride_d
     x = tl.load(ptrs, mask=(rows[:, None] < L) & (cols[None, :] < D), other=0.0).to(tl.float32)
-    codes, scales = _cast_blocks(tl.reshape(x, [BL // 32, 32, DP]), CEIL, Q_EXP, Q_MANT, 1)
+    codes, scales, e = _cast_blocks(tl.reshape(x, [BL // 32, 32, DP]), CEIL, Q_EXP, Q_MANT, 1)
+    if OUT_BF16:
+        vals = tl.reshape(_decode(codes, e, 1), [BL, DP])
+        rows64 = bh.to(tl.int64) * L_PAD + rows[:, None].to(tl.int64)
+        tl.store(Codes + rows64 * DP + cols[None, :], vals.to(tl.bfloat16))
+        return
     codes_t = tl.reshape(tl.permute(codes, 2, 0, 1), [DP, BL])  # keys last, as mx_quantize(axis=-2)
     packed = pack_nibbles(codes_t, DP, BL)
     base = (bh.to(tl.int64) * DP + cols[:, None].to(tl.int64)) * L_PAD
@@ -142,17 +167,27 @@ def _rule_args(rule: str | float | ScaleRule) -> dict:
 
 
 def prepass_qk(
-    x: torch.Tensor, rule: str | float | ScaleRule, *, hadamard: bool, len_multiple: int = 128
-) -> tuple[torch.Tensor, torch.Tensor]:
+    x: torch.Tensor,
+    rule: str | float | ScaleRule,
+    *,
+    hadamard: bool,
+    len_multiple: int = 128,
+    out_bf16: bool = False,
+):
     """Rotate (optionally) and cast x [B, H, L, D] along D: (codes [B,H,Lp,Dp/2], scales [B,H,Lp,Dp/32]).
 
-    Lp = L rounded up to `len_multiple`; see the module doc for the padding.
+    Lp = L rounded up to `len_multiple`; see the module doc for the padding. With `out_bf16`, the
+    dequantized values instead, as one bf16 tensor [B, H, Lp, Dp] (exact: 2 significant bits each).
     """
     b, h, n, d = x.shape
     dp = padded_dim(d)
     lp = padded_len(n, len_multiple)
-    codes = torch.empty((b, h, lp, dp // 2), dtype=torch.uint8, device=x.device)
-    scales = torch.empty((b, h, lp, dp // MX_BLOCK_SIZE), dtype=torch.uint8, device=x.device)
+    if out_bf16:
+        codes = torch.empty((b, h, lp, dp), dtype=torch.bfloat16, device=x.device)
+        scales = codes
+    else:
+        codes = torch.empty((b, h, lp, dp // 2), dtype=torch.uint8, device=x.device)
+        scales = torch.empty((b, h, lp, dp // MX_BLOCK_SIZE), dtype=torch.uint8, device=x.device)
     blk = hadamard_block_size(d) if hadamard else 1
     if hadamard:
         rotation_matrix(d)  # raises the same error as the reference for an unsupported d
@@ -172,23 +207,31 @@ def prepass_qk(
         ROTATE=hadamard,
         ROT_LEVELS=blk.bit_length() - 1,
         ROT_NORM=1.0 / math.sqrt(blk),
+        OUT_BF16=out_bf16,
         **_rule_args(rule),
     )
-    return codes, scales
+    return codes if out_bf16 else (codes, scales)
 
 
 def prepass_v(
-    v: torch.Tensor, rule: str | float | ScaleRule, *, len_multiple: int = 128
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cast v [B, H, L, Dv] along the keys: (codes [B,H,Dvp,Lp/2], scales [B,H,Dvp,Lp/32])."""
+    v: torch.Tensor, rule: str | float | ScaleRule, *, len_multiple: int = 128, out_bf16: bool = False
+):
+    """Cast v [B, H, L, Dv] along the keys: (codes [B,H,Dvp,Lp/2], scales [B,H,Dvp,Lp/32]).
+
+    With `out_bf16`, the dequantized values instead, as bf16 [B, H, Lp, Dvp] (keys not transposed).
+    """
     b, h, n, d = v.shape
     dp = padded_dim(d)
     lp = padded_len(n, len_multiple)
-    codes = torch.empty((b, h, dp, lp // 2), dtype=torch.uint8, device=v.device)
-    scales = torch.empty((b, h, dp, lp // MX_BLOCK_SIZE), dtype=torch.uint8, device=v.device)
+    if out_bf16:
+        codes = torch.empty((b, h, lp, dp), dtype=torch.bfloat16, device=v.device)
+        scales = codes
+    else:
+        codes = torch.empty((b, h, dp, lp // 2), dtype=torch.uint8, device=v.device)
+        scales = torch.empty((b, h, dp, lp // MX_BLOCK_SIZE), dtype=torch.uint8, device=v.device)
     bl = 32 if dp >= 256 else 64
     assert lp % bl == 0
     _v_prepass_kernel[(lp // bl, b * h)](
-        v, codes, scales, n, d, h, *v.stride(), lp, BL=bl, DP=dp, **_rule_args(rule)
+        v, codes, scales, n, d, h, *v.stride(), lp, BL=bl, DP=dp, OUT_BF16=out_bf16, **_rule_args(rule)
     )
-    return codes, scales
+    return codes if out_bf16 else (codes, scales)

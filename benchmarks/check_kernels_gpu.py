@@ -29,6 +29,8 @@ CASES = [
     ("full-cross", "mxattention", (1, 8, 8, 8192, 512, 128), {}),
     ("full-d80-additive", "mxfp4-ocp-hadamard-pnq", (1, 4, 4, 1000, 1500, 80), {"additive": True}),
     ("full-4k-dot_scaled", "mxattention", (1, 4, 4, 2048, 2048, 128), {"matrix_path": "dot_scaled"}),
+    ("full-4k-packed-kv", "mxattention", (1, 8, 8, 4096, 4096, 128), {"kv_layout": "packed"}),
+    ("full-hard-values", "mxattention", (1, 4, 4, 2048, 2048, 128), {"hard": True}),
 ]
 
 
@@ -51,17 +53,25 @@ def main(argv=None) -> int:
             mask[-1, ..., 100:] = False
         if extra.get("additive"):
             mask = torch.randn(1, 1, lq, lk) * 2
+        if extra.get("hard"):
+            # Ties, powers of two, q * 2**k boundaries and tiny blocks in Q, K and V (scaled to sane scores).
+            from mxattention.formats.ladders import E2M1
+            from tests.formats.hard_values import hard_values
+
+            hv = [hard_values(E2M1, b * hk * lk * d, seed=s).view(b, hk, lk, d) for s in (1, 2, 3)]
+            hv = [torch.where(t.abs() < 1e4, t, 0.0) for t in hv]
+            q, k, v = hv[0] * 1e-2, hv[1] * 1e-2, hv[2]
         try:
             c = compare(
                 q, k, v, method, mask=mask, is_causal=extra.get("is_causal", False), device="cuda",
-                matrix_path=extra.get("matrix_path"),
+                matrix_path=extra.get("matrix_path"), kv_layout=extra.get("kv_layout"),
             )  # fmt: skip
             row = {
                 "rel_l2": c.rel_l2, "quant_rel_l2": c.quant_rel_l2, "lse_max_abs": c.lse_max_abs,
-                "p_decisions": c.p_decisions, "p_differ": c.p_differ,
+                "p_decisions": c.p_decisions, "p_differ": c.p_differ, "max_row_flips": c.max_row_flips,
                 "pass": bool(
                     c.rel_l2 <= 1e-3 * c.quant_rel_l2 and c.p_differ <= 1e-3 * c.p_decisions
-                    and c.lse_max_abs <= 1e-4 and torch.isfinite(c.out).all()
+                    and c.lse_max_abs <= 1e-4 + 0.6 * c.max_row_flips and torch.isfinite(c.out).all()
                 ),
             }  # fmt: skip
         except Exception as e:

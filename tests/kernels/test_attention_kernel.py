@@ -107,8 +107,6 @@ def test_half_inputs(device):
 @pytest.mark.parametrize("path,layout", [("bf16", "packed"), ("bf16", "bf16")])
 def test_matrix_paths_agree(path, layout, device):
     """dot_scaled on bytes, and the bf16 path on bytes or on bf16 K^, V^: the same function."""
-    if device == "cuda" and torch.cuda.get_device_capability()[0] < 10:
-        pytest.skip("tl.dot_scaled with E2M1 is emulated before sm_100: compared in test_gpu instead")
     q, k, v = qkv(1, 2, 2, 64, 160, 64, seed=9)
     a = compare(q, k, v, "mxattention", device=device, matrix_path="dot_scaled")
     b = compare(q, k, v, "mxattention", device=device, matrix_path=path, kv_layout=layout)

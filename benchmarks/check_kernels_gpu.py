@@ -55,8 +55,9 @@ def main(argv=None) -> int:
             mask = torch.randn(1, 1, lq, lk) * 2
         if extra.get("hard"):
             # Ties, powers of two, q * 2**k boundaries and tiny blocks in Q, K and V (scaled to sane scores).
-            from mxattention.formats.ladders import E2M1
             from tests.formats.hard_values import hard_values
+
+            from mxattention.formats.ladders import E2M1
 
             hv = [hard_values(E2M1, b * hk * lk * d, seed=s).view(b, hk, lk, d) for s in (1, 2, 3)]
             hv = [torch.where(t.abs() < 1e4, t, 0.0) for t in hv]

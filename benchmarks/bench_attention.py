@@ -264,16 +264,20 @@ def main(argv=None) -> int:
         "command": "python " + " ".join(sys.argv),
         "shapes": [],
     }
-    if args.sweep_shape:
-        report["sweep"] = sweep(args, log)
-    for n in names:
-        report["shapes"].append(run_shape(n, {**SHAPES, **SMALL}[n], args, log))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps(report, indent=1))
-    md = markdown(report)
-    (out / f"{args.name}.md").write_text(md)
-    print(md)
+
+    def save():  # after every stage, so a crash later keeps what was measured
+        (out / f"{args.name}.json").write_text(json.dumps(report, indent=1))
+        (out / f"{args.name}.md").write_text(markdown(report))
+
+    for n in names:
+        report["shapes"].append(run_shape(n, {**SHAPES, **SMALL}[n], args, log))
+        save()
+    if args.sweep_shape:
+        report["sweep"] = sweep(args, log)
+        save()
+    print(markdown(report))
     return 0
 
 

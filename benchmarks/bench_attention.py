@@ -92,6 +92,12 @@ def run_shape(label, shape, args, log):
         "mx_ocp_direct": lambda: fused_attention(q, k, v, ocp, scale=scale),
         "mx_full": lambda: fused_attention(q, k, v, full, scale=scale),
         "mx_full_packed_kv": lambda: fused_attention(q, k, v, full, scale=scale, kv_layout="packed"),
+        "mx_full_unsplit": lambda: fused_attention(q, k, v, full, scale=scale, split_p=False),
+        "prepass_ocp": lambda: (
+            prepass_qk(q, "ocp", hadamard=False),
+            prepass_qk(k, "ocp", hadamard=False, out_bf16=True),
+            prepass_v(v, "ocp", out_bf16=True),
+        ),
         "prepass": lambda: (
             prepass_qk(q, "uos", hadamard=True),
             prepass_qk(k, "uos", hadamard=True, out_bf16=True),
@@ -141,24 +147,26 @@ def sweep(args, log):
     out = torch.empty_like(q)
     pr = rule_constants("uos")
     results = []
-    variants = [("bf16", bm, w, st, 0, False) for bm, w, st in args.tiles]
-    variants += [
-        ("packed", 128, 8, 3, 0, False),
-        ("packed", 128, 8, 3, 1, False),
-        ("bf16", 128, 8, 3, 1, False),
-    ]
-    variants += [("bf16", 128, 8, 3, 0, True), ("bf16", 128, 4, 3, 0, True)]
-    for layout, bm, w, st, ablate, ws in variants:
+    variants = [("bf16", bm, w, st, 0, split) for bm, w, st in args.tiles for split in (True, False)]
+    variants += [("bf16", 128, 8, 3, 1, True), ("bf16", 128, 8, 3, 1, False), ("packed", 128, 8, 3, 0, True)]
+    for layout, bm, w, st, ablate, split in variants:
         kp, vp = operands[layout]
 
-        def f(bm=bm, w=w, st=st, ablate=ablate, kp=kp, vp=vp, ws=ws):
+        def f(bm=bm, w=w, st=st, ablate=ablate, kp=kp, vp=vp, split=split):
             return mx_attention_fwd(
                 qp, kp, vp, lq=lq, lk=lk, dv=d, group=1, out=out, p_rule=(pr.ceil, pr.q_exp, pr.q_mant),
                 pnq=True, block_n=cfg.block_n, scale=d**-0.5, matrix_path="bf16", block_m=bm,
-                num_warps=w, num_stages=st, ablate=ablate, warp_specialize=ws,
+                num_warps=w, num_stages=st, ablate=ablate, split_p=split,
             )  # fmt: skip
 
-        row = {"kv": layout, "block_m": bm, "num_warps": w, "num_stages": st, "ablate": ablate, "ws": ws}
+        row = {
+            "kv": layout,
+            "block_m": bm,
+            "num_warps": w,
+            "num_stages": st,
+            "ablate": ablate,
+            "split": split,
+        }
         try:
             ms, _ = _bench(f, args.rep_ms)
             row.update(ms=ms, tflops=flop / ms / 1e9)
@@ -209,12 +217,12 @@ def markdown(report) -> str:
             f"Attention kernel alone at {report['sweep']['shape']} (bf16 path; ablate 1: P~ not cast)",
             "",
         ]
-        lines += ["| K/V | block_m | warps | stages | ablate | warp-spec | ms | TFLOP/s |"]
+        lines += ["| K/V | block_m | warps | stages | ablate | split P | ms | TFLOP/s |"]
         lines += ["| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in report["sweep"]["rows"]:
             res = f"{r['ms']:.3f} | {r['tflops']:.1f}" if "ms" in r else f"error: {r['error'][:80]} |"
             lines.append(
-                f"| {r['kv']} | {r['block_m']} | {r['num_warps']} | {r['num_stages']} | {r['ablate']} | {r['ws']} | {res} |"
+                f"| {r['kv']} | {r['block_m']} | {r['num_warps']} | {r['num_stages']} | {r['ablate']} | {r['split']} | {res} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -235,7 +243,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--sweep-shape", default="", help="shape label for the tile sweep / ablations ('' = none)"
     )
-    ap.add_argument("--tiles", default="128x8x2,128x8x3,128x8x4,64x4x3", help="BMxWARPSxSTAGES list")
+    ap.add_argument("--tiles", default="128x8x2,128x8x3,64x4x3", help="BMxWARPSxSTAGES list")
     args = ap.parse_args(argv)
     args.tiles = [tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",") if t]
     if not torch.cuda.is_available():

@@ -104,15 +104,33 @@ def test_half_inputs(device):
     _check(compare(q, k, v, "mxattention", device=device), "bf16 in")
 
 
-@pytest.mark.parametrize("path,layout", [("bf16", "packed"), ("bf16", "bf16")])
-def test_matrix_paths_agree(path, layout, device):
-    """dot_scaled on bytes, and the bf16 path on bytes or on bf16 K^, V^: the same function."""
+@pytest.mark.parametrize(
+    "layout,split", [("packed", False), ("bf16", False), ("packed", True), ("bf16", True)]
+)
+def test_matrix_paths_agree(layout, split, device):
+    """dot_scaled on bytes, and the bf16 path on bytes or bf16 K^, V^, whole or in 32-key column
+    blocks: the same function (block_n = 128; a causal mask exercises the split masking)."""
     q, k, v = qkv(1, 2, 2, 64, 160, 64, seed=9)
     a = compare(q, k, v, "mxattention", device=device, matrix_path="dot_scaled")
-    b = compare(q, k, v, "mxattention", device=device, matrix_path=path, kv_layout=layout)
+    b = compare(q, k, v, "mxattention", device=device, matrix_path="bf16", kv_layout=layout, split_p=split)
     _check(a, "dot_scaled")
-    _check(b, f"{path}/{layout}")
+    _check(b, f"bf16/{layout}/split={split}")
     rel = ((a.out - b.out).norm() / a.out.norm()).item()
     print(f"paths: rel-L2 {rel:.2e}")
     assert rel <= 1e-5
     assert int((a.lse != b.lse).sum()) <= a.lse.numel() // 100
+
+
+def test_split_with_masks_and_causal(device):
+    q, k, v = qkv(1, 2, 2, 100, 300, 64, seed=13)
+    mask = torch.rand(1, 2, 100, 300, generator=torch.Generator().manual_seed(1)) > 0.3
+    _check(
+        compare(q, k, v, "mxattention", mask=mask, matrix_path="bf16", split_p=True, device=device),
+        "split mask",
+    )
+    _check(
+        compare(
+            q, k, v, "mxfp4-ocp", is_causal=True, matrix_path="bf16", split_p=True, device=device, block_m=64
+        ),
+        "split causal",
+    )

@@ -40,6 +40,65 @@ MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 
 
 @triton.jit
+def _mask_scores(
+    s, offs_m, offs_n, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL: tl.constexpr, MASK_MODE: tl.constexpr
+):
+    """Scores (log2 units) of keys offs_n for rows offs_m with padding, causal and user masks applied."""
+    valid = offs_n[None, :] < Lk
+    if CAUSAL:
+        valid = valid & (offs_n[None, :] <= offs_m[:, None])
+    if MASK_MODE != 0:
+        mptr = mask_base + offs_m[:, None].to(tl.int64) * stride_mm + offs_n[None, :].to(tl.int64) * stride_mn
+        in_range = (offs_m[:, None] < Lq) & (offs_n[None, :] < Lk)
+        if MASK_MODE == 1:
+            valid = valid & (tl.load(mptr, mask=in_range, other=0) != 0)
+        else:
+            s = s + tl.load(mptr, mask=in_range, other=0.0).to(tl.float32) * 1.4426950408889634
+    return tl.where(valid, s, float("-inf"))
+
+
+@triton.jit
+def _k_hat(
+    Kx, Kc, Ks, k_rows, NC: tl.constexpr, DQ: tl.constexpr, KV_BF16: tl.constexpr, DOT_T: tl.constexpr
+):
+    """K^ rows k_rows ([NC, 1] int64) as a [NC, DQ] dot operand."""
+    if KV_BF16:
+        return tl.load(Kx + k_rows * DQ + tl.arange(0, DQ)[None, :]).to(DOT_T)
+    codes = tl.load(Kc + k_rows * (DQ // 2) + tl.arange(0, DQ // 2)[None, :])
+    scales = tl.load(Ks + k_rows * (DQ // 32) + tl.arange(0, DQ // 32)[None, :])
+    return dequant_e2m1(codes, scales, NC, DQ).to(DOT_T)
+
+
+@triton.jit
+def _v_hat(
+    Vx,
+    Vc,
+    Vs,
+    k_base,
+    v_rows,
+    start,
+    NC: tl.constexpr,
+    DV: tl.constexpr,
+    KV_BF16: tl.constexpr,
+    DOT_T: tl.constexpr,
+):
+    """V^ keys [start, start + NC) as a [NC, DV] dot operand."""
+    if KV_BF16:
+        keys = k_base + start + tl.arange(0, NC)[:, None]
+        return tl.load(Vx + keys * DV + tl.arange(0, DV)[None, :]).to(DOT_T)
+    codes = tl.load(Vc + v_rows // 2 + (start // 2 + tl.arange(0, NC // 2))[None, :])
+    scales = tl.load(Vs + v_rows // 32 + (start // 32 + tl.arange(0, NC // 32))[None, :])
+    return tl.trans(dequant_e2m1(codes, scales, DV, NC).to(DOT_T))
+
+
+@triton.jit
+def _cast_p32(p_tilde, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constexpr):
+    """Q(P~) of a [BM, 32] tile: one MX block per row, no reshape."""
+    e = shared_exponent(tl.max(p_tilde, 1), CEIL, Q_EXP, Q_MANT)
+    return e2m1_round(p_tilde, exp2_int(e)[:, None])
+
+
+@triton.jit
 def _mx_attention_fwd_kernel(
     Qc,
     Qs,
@@ -85,6 +144,7 @@ def _mx_attention_fwd_kernel(
     KV_BF16: tl.constexpr,
     ABLATE: tl.constexpr = 0,
     WARP_SPEC: tl.constexpr = False,
+    SPLIT: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -109,76 +169,146 @@ def _mx_attention_fwd_kernel(
     l = tl.zeros([BM], tl.float32)
     o_tilde = tl.zeros([BM, DV], tl.float32)
 
+    mask_base = Mask + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
     hi = Lk
     if CAUSAL:
         hi = tl.minimum(Lk, (pid_m + 1) * BM)
     for start_n in tl.range(0, hi, BN, warp_specialize=WARP_SPEC):
-        offs_n = start_n + offs_n0
-        k_rows = k_base + offs_n[:, None]
-        if not KV_BF16:
-            k_codes = tl.load(Kc + k_rows * (DQ // 2) + offs_dq2[None, :])
-            k_scales = tl.load(Ks + k_rows * (DQ // 32) + offs_dq32[None, :])
-        if DOT_SCALED:
-            s = tl.dot_scaled(q_codes, q_scales, "e2m1", tl.trans(k_codes), k_scales, "e2m1")
-        elif KV_BF16:
-            k_hat = tl.load(Kx + k_rows * DQ + tl.arange(0, DQ)[None, :]).to(DOT_T)
-            s = tl.dot(q_hat, tl.trans(k_hat))
-        else:
-            s = tl.dot(q_hat, tl.trans(dequant_e2m1(k_codes, k_scales, BN, DQ).to(DOT_T)))
-        s = s * qk_scale
-        valid = offs_n[None, :] < Lk
-        if CAUSAL:
-            valid = valid & (offs_n[None, :] <= offs_m[:, None])
-        if MASK_MODE != 0:
-            mptr = Mask + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
-            mptr = mptr + offs_m[:, None].to(tl.int64) * stride_mm + offs_n[None, :].to(tl.int64) * stride_mn
-            in_range = (offs_m[:, None] < Lq) & (offs_n[None, :] < Lk)
-            if MASK_MODE == 1:
-                valid = valid & (tl.load(mptr, mask=in_range, other=0) != 0)
+        if SPLIT:
+            # BN = 128 as four 32-key column blocks, one MX block of P~ per row each: the block
+            # maxima are plain row maxima, with no reshape of the score tile.
+            n0 = start_n + tl.arange(0, 32)
+            s0 = tl.dot(q_hat, tl.trans(_k_hat(Kx, Kc, Ks, k_base + n0[:, None], 32, DQ, KV_BF16, DOT_T)))
+            s1 = tl.dot(
+                q_hat, tl.trans(_k_hat(Kx, Kc, Ks, k_base + 32 + n0[:, None], 32, DQ, KV_BF16, DOT_T))
+            )
+            s2 = tl.dot(
+                q_hat, tl.trans(_k_hat(Kx, Kc, Ks, k_base + 64 + n0[:, None], 32, DQ, KV_BF16, DOT_T))
+            )
+            s3 = tl.dot(
+                q_hat, tl.trans(_k_hat(Kx, Kc, Ks, k_base + 96 + n0[:, None], 32, DQ, KV_BF16, DOT_T))
+            )
+            s0 = _mask_scores(
+                s0 * qk_scale, offs_m, n0, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, MASK_MODE
+            )
+            s1 = _mask_scores(
+                s1 * qk_scale, offs_m, n0 + 32, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, MASK_MODE
+            )
+            s2 = _mask_scores(
+                s2 * qk_scale, offs_m, n0 + 64, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, MASK_MODE
+            )
+            s3 = _mask_scores(
+                s3 * qk_scale, offs_m, n0 + 96, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, MASK_MODE
+            )
+            m_new = tl.maximum(
+                tl.maximum(m, tl.maximum(tl.max(s0, 1), tl.max(s1, 1))),
+                tl.maximum(tl.max(s2, 1), tl.max(s3, 1)),
+            )
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.math.exp2(m - m_use)
+            p0 = tl.math.exp2(s0 - m_use[:, None])
+            p1 = tl.math.exp2(s1 - m_use[:, None])
+            p2 = tl.math.exp2(s2 - m_use[:, None])
+            p3 = tl.math.exp2(s3 - m_use[:, None])
+            if ABLATE & 1:
+                h0, h1, h2, h3 = p0, p1, p2, p3
             else:
-                s = s + tl.load(mptr, mask=in_range, other=0.0).to(tl.float32) * 1.4426950408889634
-        s = tl.where(valid, s, float("-inf"))
-
-        m_new = tl.maximum(m, tl.max(s, 1))
-        # A row with every key so far masked keeps m = -inf; exp2(-inf - 0) = 0 keeps it empty.
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m - m_use)
-        p_tilde = tl.math.exp2(s - m_use[:, None])
-
-        p3 = tl.reshape(p_tilde, [BM, BN // 32, 32])
-        e = shared_exponent(tl.max(p3, 2), CEIL, Q_EXP, Q_MANT)
-        two_e = tl.expand_dims(exp2_int(e), 2)
-        p_hat3 = e2m1_round(p3, two_e)
-        p_hat = tl.reshape(p_hat3, [BM, BN])
-        if ABLATE & 1:
-            p_hat = p_tilde
-        if DEBUG_P:
-            dptr = Pdbg + (bh.to(tl.int64) * Lq + offs_m[:, None]) * LKP + offs_n[None, :]
-            tl.store(dptr, p_hat, mask=offs_m[:, None] < Lq)
-        if PNQ:
-            l = alpha * l + tl.sum(p_hat, 1)
+                h0 = _cast_p32(p0, CEIL, Q_EXP, Q_MANT)
+                h1 = _cast_p32(p1, CEIL, Q_EXP, Q_MANT)
+                h2 = _cast_p32(p2, CEIL, Q_EXP, Q_MANT)
+                h3 = _cast_p32(p3, CEIL, Q_EXP, Q_MANT)
+            if DEBUG_P:
+                dptr = Pdbg + (bh.to(tl.int64) * Lq + offs_m[:, None]) * LKP + n0[None, :]
+                rows_ok = offs_m[:, None] < Lq
+                tl.store(dptr, h0, mask=rows_ok)
+                tl.store(dptr + 32, h1, mask=rows_ok)
+                tl.store(dptr + 64, h2, mask=rows_ok)
+                tl.store(dptr + 96, h3, mask=rows_ok)
+            if PNQ:
+                l = alpha * l + ((tl.sum(h0, 1) + tl.sum(h1, 1)) + (tl.sum(h2, 1) + tl.sum(h3, 1)))
+            else:
+                l = alpha * l + ((tl.sum(p0, 1) + tl.sum(p1, 1)) + (tl.sum(p2, 1) + tl.sum(p3, 1)))
+            o_tilde = o_tilde * alpha[:, None]
+            o_tilde = tl.dot(
+                h0.to(DOT_T), _v_hat(Vx, Vc, Vs, k_base, v_rows, start_n, 32, DV, KV_BF16, DOT_T), o_tilde
+            )
+            o_tilde = tl.dot(
+                h1.to(DOT_T),
+                _v_hat(Vx, Vc, Vs, k_base, v_rows, start_n + 32, 32, DV, KV_BF16, DOT_T),
+                o_tilde,
+            )
+            o_tilde = tl.dot(
+                h2.to(DOT_T),
+                _v_hat(Vx, Vc, Vs, k_base, v_rows, start_n + 64, 32, DV, KV_BF16, DOT_T),
+                o_tilde,
+            )
+            o_tilde = tl.dot(
+                h3.to(DOT_T),
+                _v_hat(Vx, Vc, Vs, k_base, v_rows, start_n + 96, 32, DV, KV_BF16, DOT_T),
+                o_tilde,
+            )
+            m = m_new
         else:
-            l = alpha * l + tl.sum(p_tilde, 1)
-        o_tilde = o_tilde * alpha[:, None]
+            offs_n = start_n + offs_n0
+            k_rows = k_base + offs_n[:, None]
+            if not KV_BF16:
+                k_codes = tl.load(Kc + k_rows * (DQ // 2) + offs_dq2[None, :])
+                k_scales = tl.load(Ks + k_rows * (DQ // 32) + offs_dq32[None, :])
+            if DOT_SCALED:
+                s = tl.dot_scaled(q_codes, q_scales, "e2m1", tl.trans(k_codes), k_scales, "e2m1")
+            elif KV_BF16:
+                k_hat = tl.load(Kx + k_rows * DQ + tl.arange(0, DQ)[None, :]).to(DOT_T)
+                s = tl.dot(q_hat, tl.trans(k_hat))
+            else:
+                s = tl.dot(q_hat, tl.trans(dequant_e2m1(k_codes, k_scales, BN, DQ).to(DOT_T)))
+            s = _mask_scores(
+                s * qk_scale, offs_m, offs_n, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, MASK_MODE
+            )
 
-        if not KV_BF16:
-            v_codes = tl.load(Vc + v_rows // 2 + (start_n // 2 + tl.arange(0, BN // 2))[None, :])
-            v_scales = tl.load(Vs + v_rows // 32 + (start_n // 32 + tl.arange(0, BN // 32))[None, :])
-        if DOT_SCALED:
-            # p_hat / 2**e is exactly on the E2M1 ladder; its bits give the code.
-            r = tl.reshape(p_hat3 / two_e, [BM, BN])
-            rb = r.to(tl.int32, bitcast=True)
-            code = tl.where(r >= 1.0, (((rb >> 23) - 126) << 1) | ((rb >> 22) & 1), (r * 2.0).to(tl.int32))
-            p_codes = pack_nibbles(code, BM, BN)
-            p_scales = (e + 127).to(tl.uint8)
-            o_tilde = tl.dot_scaled(p_codes, p_scales, "e2m1", tl.trans(v_codes), v_scales, "e2m1", o_tilde)
-        elif KV_BF16:
-            v_hat = tl.load(Vx + (k_base + offs_n[:, None]) * DV + offs_dv[None, :]).to(DOT_T)
-            o_tilde = tl.dot(p_hat.to(DOT_T), v_hat, o_tilde)
-        else:
-            v_hat = dequant_e2m1(v_codes, v_scales, DV, BN).to(DOT_T)
-            o_tilde = tl.dot(p_hat.to(DOT_T), tl.trans(v_hat), o_tilde)
-        m = m_new
+            m_new = tl.maximum(m, tl.max(s, 1))
+            # A row with every key so far masked keeps m = -inf; exp2(-inf - 0) = 0 keeps it empty.
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.math.exp2(m - m_use)
+            p_tilde = tl.math.exp2(s - m_use[:, None])
+
+            p3 = tl.reshape(p_tilde, [BM, BN // 32, 32])
+            e = shared_exponent(tl.max(p3, 2), CEIL, Q_EXP, Q_MANT)
+            two_e = tl.expand_dims(exp2_int(e), 2)
+            p_hat3 = e2m1_round(p3, two_e)
+            p_hat = tl.reshape(p_hat3, [BM, BN])
+            if ABLATE & 1:
+                p_hat = p_tilde
+            if DEBUG_P:
+                dptr = Pdbg + (bh.to(tl.int64) * Lq + offs_m[:, None]) * LKP + offs_n[None, :]
+                tl.store(dptr, p_hat, mask=offs_m[:, None] < Lq)
+            if PNQ:
+                l = alpha * l + tl.sum(p_hat, 1)
+            else:
+                l = alpha * l + tl.sum(p_tilde, 1)
+            o_tilde = o_tilde * alpha[:, None]
+
+            if not KV_BF16:
+                v_codes = tl.load(Vc + v_rows // 2 + (start_n // 2 + tl.arange(0, BN // 2))[None, :])
+                v_scales = tl.load(Vs + v_rows // 32 + (start_n // 32 + tl.arange(0, BN // 32))[None, :])
+            if DOT_SCALED:
+                # p_hat / 2**e is exactly on the E2M1 ladder; its bits give the code.
+                r = tl.reshape(p_hat3 / two_e, [BM, BN])
+                rb = r.to(tl.int32, bitcast=True)
+                code = tl.where(
+                    r >= 1.0, (((rb >> 23) - 126) << 1) | ((rb >> 22) & 1), (r * 2.0).to(tl.int32)
+                )
+                p_codes = pack_nibbles(code, BM, BN)
+                p_scales = (e + 127).to(tl.uint8)
+                o_tilde = tl.dot_scaled(
+                    p_codes, p_scales, "e2m1", tl.trans(v_codes), v_scales, "e2m1", o_tilde
+                )
+            elif KV_BF16:
+                v_hat = tl.load(Vx + (k_base + offs_n[:, None]) * DV + offs_dv[None, :]).to(DOT_T)
+                o_tilde = tl.dot(p_hat.to(DOT_T), v_hat, o_tilde)
+            else:
+                v_hat = dequant_e2m1(v_codes, v_scales, DV, BN).to(DOT_T)
+                o_tilde = tl.dot(p_hat.to(DOT_T), tl.trans(v_hat), o_tilde)
+            m = m_new
 
     empty = l == 0.0
     out = o_tilde / tl.where(empty, 1.0, l)[:, None]
@@ -220,6 +350,7 @@ def mx_attention_fwd(
     debug_p: torch.Tensor | None = None,
     ablate: int = 0,
     warp_specialize: bool = False,
+    split_p: bool | None = None,
 ) -> torch.Tensor:
     """Run the attention kernel on pre-pass outputs; writes `out` [B, Hq, Lq, Dv], returns lse [B, Hq, Lq].
 
@@ -231,6 +362,9 @@ def mx_attention_fwd(
     `k_packed` / `v_packed` may instead be single bf16 tensors of the dequantized values, K^ [B, Hkv,
     LKP, DQ] and V^ [B, Hkv, LKP, DVP] (`prepass_*(..., out_bf16=True)`), for the "bf16" path only.
     `ablate` (timing experiments only, wrong results): bit 1 skips the cast of P~.
+    `split_p`: compute a 128-key tile as four 32-key column blocks (bf16 path, block_n = 128 only;
+    default: on where it applies). `num_stages` is lowered automatically when the compiled kernel
+    would not fit in shared memory.
     """
     qc, qs = q_packed
     kv_bf16 = isinstance(k_packed, torch.Tensor)
@@ -261,7 +395,10 @@ def mx_attention_fwd(
         mask_mode, mask_arg, mstrides = MASK_ADD, mask, mask.stride()
     ceil, q_exp, q_mant = p_rule
     grid = (lqp // block_m, bsz * hq)
-    _mx_attention_fwd_kernel[grid](
+    if split_p is None:
+        split_p = SPLIT_P_DEFAULT
+    split_p = bool(split_p) and path == "bf16" and block_n == 128
+    args = (
         qc,
         qs,
         kc,
@@ -284,6 +421,8 @@ def mx_attention_fwd(
         lkp,
         *mstrides,
         *out.stride(),
+    )
+    constants = dict(
         BM=block_m,
         BN=block_n,
         DQ=dq2 * 2,
@@ -300,7 +439,29 @@ def mx_attention_fwd(
         KV_BF16=kv_bf16,
         ABLATE=ablate,
         WARP_SPEC=warp_specialize,
-        num_warps=num_warps,
-        num_stages=num_stages,
+        SPLIT=split_p,
     )
+    _launch(grid, args, constants, num_warps, num_stages, qc.device)
     return lse
+
+
+SPLIT_P_DEFAULT = True
+_STAGES: dict[tuple, int] = {}
+
+
+def _launch(grid, args, constants, num_warps: int, num_stages: int, device: torch.device) -> None:
+    """Launch, stepping num_stages down while the compiled kernel overflows shared memory."""
+    from triton.runtime.errors import OutOfResources
+
+    key = (tuple(sorted((k, str(v)) for k, v in constants.items())), num_warps, num_stages, str(device))
+    stages = _STAGES.get(key, num_stages)
+    while True:
+        try:
+            _mx_attention_fwd_kernel[grid](*args, **constants, num_warps=num_warps, num_stages=stages)
+        except OutOfResources:
+            if stages <= 1:
+                raise
+            stages -= 1
+            continue
+        _STAGES[key] = stages
+        return

@@ -143,7 +143,6 @@ def _mx_attention_fwd_kernel(
     DOT_T: tl.constexpr,
     KV_BF16: tl.constexpr,
     ABLATE: tl.constexpr = 0,
-    WARP_SPEC: tl.constexpr = False,
     SPLIT: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
@@ -173,7 +172,7 @@ def _mx_attention_fwd_kernel(
     hi = Lk
     if CAUSAL:
         hi = tl.minimum(Lk, (pid_m + 1) * BM)
-    for start_n in tl.range(0, hi, BN, warp_specialize=WARP_SPEC):
+    for start_n in tl.range(0, hi, BN):
         if SPLIT:
             # BN = 128 as four 32-key column blocks, one MX block of P~ per row each: the block
             # maxima are plain row maxima, with no reshape of the score tile.
@@ -349,7 +348,6 @@ def mx_attention_fwd(
     num_stages: int = 2,
     debug_p: torch.Tensor | None = None,
     ablate: int = 0,
-    warp_specialize: bool = False,
     split_p: bool | None = None,
 ) -> torch.Tensor:
     """Run the attention kernel on pre-pass outputs; writes `out` [B, Hq, Lq, Dv], returns lse [B, Hq, Lq].
@@ -438,7 +436,6 @@ def mx_attention_fwd(
         DOT_T=tl.float32 if kernels_interpreted() else tl.bfloat16,
         KV_BF16=kv_bf16,
         ABLATE=ablate,
-        WARP_SPEC=warp_specialize,
         SPLIT=split_p,
     )
     _launch(grid, args, constants, num_warps, num_stages, qc.device)

@@ -31,6 +31,8 @@ CASES = [
     ("full-4k-dot_scaled", "mxattention", (1, 4, 4, 2048, 2048, 128), {"matrix_path": "dot_scaled"}),
     ("full-4k-packed-kv", "mxattention", (1, 8, 8, 4096, 4096, 128), {"kv_layout": "packed"}),
     ("full-hard-values", "mxattention", (1, 4, 4, 2048, 2048, 128), {"hard": True}),
+    ("full-4k-split", "mxattention", (1, 8, 8, 4096, 4096, 128), {"split_p": True}),
+    ("full-keymask-split", "mxattention", (2, 4, 4, 2048, 2500, 128), {"key_mask": True, "split_p": True}),
 ]
 
 
@@ -66,6 +68,7 @@ def main(argv=None) -> int:
             c = compare(
                 q, k, v, method, mask=mask, is_causal=extra.get("is_causal", False), device="cuda",
                 matrix_path=extra.get("matrix_path"), kv_layout=extra.get("kv_layout"),
+                split_p=extra.get("split_p"),
             )  # fmt: skip
             row = {
                 "rel_l2": c.rel_l2, "quant_rel_l2": c.quant_rel_l2, "lse_max_abs": c.lse_max_abs,

@@ -361,7 +361,7 @@ def mx_attention_fwd(
     LKP, DQ] and V^ [B, Hkv, LKP, DVP] (`prepass_*(..., out_bf16=True)`), for the "bf16" path only.
     `ablate` (timing experiments only, wrong results): bit 1 skips the cast of P~.
     `split_p`: compute a 128-key tile as four 32-key column blocks (bf16 path, block_n = 128 only;
-    default: on where it applies). `num_stages` is lowered automatically when the compiled kernel
+    default off: slower on the H200). `num_stages` is lowered automatically when the compiled kernel
     would not fit in shared memory.
     """
     qc, qs = q_packed
@@ -442,7 +442,9 @@ def mx_attention_fwd(
     return lse
 
 
-SPLIT_P_DEFAULT = True
+# Measured slower on the H200 (16.8 vs 15.4 ms at H=40, L=16k: four N=32 dots cost more than the
+# reshape they save); kept as a tested alternative for other chips (benchmarks/NOTES.md).
+SPLIT_P_DEFAULT = False
 _STAGES: dict[tuple, int] = {}
 
 

@@ -1,0 +1,1 @@
+"""Evaluation: diagnostics of the quantization mechanisms, real-model harnesses, quality reports."""

@@ -1,0 +1,1 @@
+"""Evaluation: real pretrained models driven through any SDPA-compatible attention, metrics, reports."""

@@ -1,1 +1,1 @@
-"""Evaluation: diagnostics of the quantization mechanisms, real-model harnesses, quality reports."""
+"""Evaluation: mechanism diagnostics, real-model harnesses (MiniLM, terrain diffusion), quality reports."""

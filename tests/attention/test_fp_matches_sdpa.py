@@ -16,7 +16,10 @@ def _rel(a, b):
 @pytest.mark.parametrize("d", [32, 64, 80, 128, 256])
 def test_head_dims(d):
     q, k, v = (torch.randn(2, 3, 37, d) for _ in range(3))
-    assert _rel(mx.scaled_dot_product_attention(q, k, v, method="fp"), F.scaled_dot_product_attention(q, k, v)) <= 1e-5
+    assert (
+        _rel(mx.scaled_dot_product_attention(q, k, v, method="fp"), F.scaled_dot_product_attention(q, k, v))
+        <= 1e-5
+    )
 
 
 @pytest.mark.parametrize(("lq", "lk"), [(1, 1), (33, 200), (200, 33), (129, 129), (64, 512)])

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mxattention.eval.diagnostics import ablation, method_errors, output_error, q_grid, q_sweep, rowsum_study, sweep_histogram
+from mxattention.eval.diagnostics import (
+    ablation,
+    method_errors,
+    output_error,
+    q_grid,
+    q_sweep,
+    rowsum_study,
+    sweep_histogram,
+)
 from tests.attention.conftest import outlier_qkv
 
 
@@ -62,6 +70,11 @@ def test_method_errors_and_ablation():
     assert rows[0].rel_l2 == 0.0 and rows[0].cosine == pytest.approx(1.0)
     assert rows[1].rel_l2 > 0
     abl = ablation(q, k, v)
-    assert [r.method for r in abl] == ["mxattention", "mxfp4-ocp-hadamard-pnq", "mxfp4-ocp-hadamard", "mxfp4-ocp"]
+    assert [r.method for r in abl] == [
+        "mxattention",
+        "mxfp4-ocp-hadamard-pnq",
+        "mxfp4-ocp-hadamard",
+        "mxfp4-ocp",
+    ]
     rel, cos, mx = output_error(torch.ones(3), torch.ones(3) * 2)
     assert rel == pytest.approx(0.5) and cos == pytest.approx(1.0) and mx == 1.0

@@ -41,7 +41,9 @@ class RowSumStudy:
 
     def over_normalized(self, tol: float = 1e-3) -> tuple[float, float]:
         """Fraction of rows with sum > 1 + tol: (direct quantization, global scaling baseline)."""
-        return float((self.row_sums > 1 + tol).double().mean()), float((self.global_row_sums > 1 + tol).double().mean())
+        return float((self.row_sums > 1 + tol).double().mean()), float(
+            (self.global_row_sums > 1 + tol).double().mean()
+        )
 
     def summary(self) -> dict:
         over, over_g = self.over_normalized()
@@ -53,7 +55,9 @@ class RowSumStudy:
             "split_total": sum(self.split.values()),
             "share_rows_entropy_gt_5": float((self.entropy > 5).double().mean()),
             "share_high_entropy_under_normalized": float(
-                (self.row_sums[self.entropy > 5] < 1).double().mean() if (self.entropy > 5).any() else float("nan")
+                (self.row_sums[self.entropy > 5] < 1).double().mean()
+                if (self.entropy > 5).any()
+                else float("nan")
             ),
             "global_scale": self.global_scale,
             "global_mean_row_sum": float(self.global_row_sums.mean()),
@@ -63,7 +67,9 @@ class RowSumStudy:
         }
 
 
-def _softmax_chunks(q: torch.Tensor, k: torch.Tensor, scale: float, key_mask: torch.Tensor | None, chunk_rows: int):
+def _softmax_chunks(
+    q: torch.Tensor, k: torch.Tensor, scale: float, key_mask: torch.Tensor | None, chunk_rows: int
+):
     """Yield P chunks [B, H, rows, Lk] (float32). Materializes P chunk by chunk (diagnostic)."""
     kt = k.float().transpose(-1, -2)
     for r0 in range(0, q.shape[-2], chunk_rows):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -15,7 +17,7 @@ def test_fp_chunks_merge_to_one_pass(chunks):
     bounds = torch.linspace(0, 250, chunks + 1).long().tolist()
     parts = [
         mx.scaled_dot_product_attention(q, k[..., a:b, :], v[..., a:b, :], method="fp", return_lse=True)
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        for a, b in itertools.pairwise(bounds)
     ]
     m, ml = mx.merge_attention([p[0] for p in parts], [p[1] for p in parts])
     torch.testing.assert_close(m, out, rtol=1e-5, atol=1e-6)

@@ -7,10 +7,10 @@ import json
 import pytest
 
 pytest.importorskip("transformers")
-pytest.importorskip("onnx2torch")
+pytest.importorskip("terrain_diffusion")
 pytest.importorskip("skimage")
 
-from mxattention.eval.study import run_study  # noqa: E402
+from mxattention.eval.study import run_study
 
 
 def test_small_study(tmp_path):

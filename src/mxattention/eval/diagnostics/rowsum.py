@@ -13,6 +13,7 @@ with c chosen on a grid to bring the mean row sum closest to one.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -125,7 +126,7 @@ def rowsum_study(
     best = min(range(len(grid)), key=lambda i: abs(float(gmeans[i]) - 1.0))
     bins = []
     edges = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, float("inf")]
-    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+    for lo, hi in itertools.pairwise(edges):
         m = (entropy >= lo) & (entropy < hi)
         if m.any():
             rs = row_sums[m]

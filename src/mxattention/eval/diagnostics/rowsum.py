@@ -7,8 +7,9 @@ quantization of P along the keys (32 per block) breaks the rows' normalization.
 Per row r of Q(P): the row sum, its entropy H_r = -sum p log p (nats), and the split of the row-sum
 error sum_j (Q(p_j) - p_j) by what happened to each element: zeroing (p > 0 -> 0), saturation
 (normalized value above the ladder max, clipped), round-down, round-up. The global pre-quant
-scaling baseline multiplies all of P by one factor c before quantization (and divides after),
-with c chosen on a grid to bring the mean row sum closest to one.
+scaling baseline multiplies all of P by one factor c before quantization and uses Q(c P) as the
+weights, with c chosen on a grid to bring the mean row sum closest to one: it fixes the mean,
+and the paper's point is that it over-normalizes many rows while doing so.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def rowsum_study(
     padded query rows should be dropped by the caller. Materializes P in chunks (see module doc).
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    grid = torch.exp2(torch.linspace(0.0, 1.0, 21)) if global_grid is None else global_grid
+    grid = torch.linspace(1.0, 1.5, 101) if global_grid is None else global_grid
     sums, ents, split = [], [], {c: [] for c in CATEGORIES}
     gsums: list[list[torch.Tensor]] = [[] for _ in grid]
     for p in _softmax_chunks(q, k, scale, key_mask, chunk_rows):
@@ -120,7 +121,7 @@ def rowsum_study(
         for c in CATEGORIES:
             split[c].append(parts[c].flatten())
         for i, c in enumerate(grid.tolist()):
-            gsums[i].append((fake_quantize(p * c, -1, rule=rule).double() / c).sum(-1).flatten())
+            gsums[i].append(fake_quantize(p * c, -1, rule=rule).double().sum(-1).flatten())
     row_sums, entropy = torch.cat(sums), torch.cat(ents)
     gmeans = [torch.cat(g).mean() for g in gsums]
     best = min(range(len(grid)), key=lambda i: abs(float(gmeans[i]) - 1.0))

@@ -213,5 +213,5 @@ def test_pipeline_with_two_experts_shares_one_step_count(register):
         2: {"quantized": 0, "high_precision": 4},
         3: {"quantized": 0, "high_precision": 4},
     }
-    with pytest.raises(TypeError, match="pipeline with a transformer"):
+    with pytest.raises(TypeError, match="pipeline with a transformer or unet"):
         policy.attach(SimpleNamespace(vae=None))

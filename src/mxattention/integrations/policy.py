@@ -225,8 +225,9 @@ class PrecisionPolicy:
         return callback_kwargs
 
     def attach(self, model: nn.Module | Any, *, steps: str = "timestep") -> PolicyHandle:
-        """Install the step / layer hooks on a transformer, or on a pipeline's `transformer` and
-        `transformer_2` (Wan2.2 A14B's two experts share one step count). Returns a removable handle.
+        """Install the step / layer hooks on a transformer, or on a pipeline's `transformer`,
+        `transformer_2` (Wan2.2 A14B's two experts share one step count) and `unet`. Returns a
+        removable handle.
 
         `steps="timestep"` counts steps from the transformer's timestep input; `steps="callback"`
         leaves the count to `step_callback` (pass it as the pipeline's `callback_on_step_end`).
@@ -237,12 +238,12 @@ class PrecisionPolicy:
         if not models:
             models = [
                 m
-                for a in ("transformer", "transformer_2")
+                for a in ("transformer", "transformer_2", "unet")
                 if isinstance(m := getattr(model, a, None), nn.Module)
             ]
         if not models:
             raise TypeError(
-                f"attach needs an nn.Module or a pipeline with a transformer, got {type(model).__name__}"
+                f"attach needs an nn.Module or a pipeline with a transformer or unet, got {type(model).__name__}"
             )
         if steps == "callback":
             with self._state.lock:

@@ -31,9 +31,9 @@ def _qkv(seed=0, outliers=True):
     return q, k, v
 
 
-def _split_merge(method, q, k, v, chunks=2, ring_formula=False):
+def _split_merge(method, q, k, v, chunks=2, ring_formula=False, native=False):
     pieces = [
-        mxattention_forward_op(None, q, kc, vc, return_lse=True, method=method)
+        mxattention_forward_op(None, q, kc, vc, return_lse=True, method=method, native=native)
         for kc, vc in zip(k.chunk(chunks, dim=1), v.chunk(chunks, dim=1), strict=True)
     ]
     if ring_formula:  # diffusers' TemplatedRingAttention update, verbatim
@@ -102,34 +102,71 @@ def test_masks_and_native_in_the_forward_op():
     torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
     native = mxattention_forward_op(None, q, k, v, key_mask, native=True)
     assert torch.equal(native, ref)
-    native_lse = mxattention_forward_op(None, q, k, v, key_mask, return_lse=True, native=True)
-    assert torch.equal(native_lse[0], out)  # lse asked for: "native" runs the fp method
+    # With the lse asked for (ring), "native" runs torch's flash op, the kernel CPU SDPA runs.
+    native_out, native_lse = mxattention_forward_op(None, q, k, v, key_mask, return_lse=True, native=True)
+    _, fp_lse = mxattention_forward_op(None, q, k, v, key_mask, return_lse=True, method="fp")
+    assert torch.equal(native_out, ref)
+    torch.testing.assert_close(native_lse, fp_lse, atol=1e-5, rtol=1e-6)
     with pytest.raises(ValueError, match="does not rotate the mask"):
         mxattention_forward_op(None, q, k[:, : SK // 2], v[:, : SK // 2], key_mask, return_lse=True)
 
 
-@pytest.mark.distributed
-def test_diffusers_ring_and_ulysses_on_two_gloo_processes():
+def _spawn_cp(device_type, dtype_name):
     import torch.multiprocessing as mp
-    from diffusers.models.attention_dispatch import attention_backend
 
     from tests.integrations import _cp_worker
 
     with tempfile.TemporaryDirectory() as path:
-        mp.spawn(_cp_worker.run, args=(2, path), nprocs=2, join=True)
-        got = torch.load(f"{path}/rank0.pt")
+        mp.spawn(_cp_worker.run, args=(2, path, device_type, dtype_name), nprocs=2, join=True)
+        return torch.load(f"{path}/rank0.pt")
+
+
+def _one_process(device, dtype):
+    from diffusers.models.attention_dispatch import attention_backend
+
     register_preset_backends()
-    model, inputs = tiny_models.wan(), tiny_models.wan_inputs()
+    model = tiny_models.wan().to(device, dtype)
+    inputs = tiny_models.to(tiny_models.wan_inputs(), device, dtype)
     with torch.no_grad():
-        native = model(**inputs)[0]
-        ref = {}
+        out = {"native": model(**inputs)[0].float().cpu()}
         for backend in ("mxattention_fp", "mxattention"):
             with attention_backend(backend):
-                ref[backend] = model(**inputs)[0]
-    assert rel_l2(got["ring_fp"], ref["mxattention_fp"]) <= 1e-5
-    assert rel_l2(got["ulysses_mx"], ref["mxattention"]) <= 1e-5  # whole heads per rank: split-free
-    assert rel_l2(got["ring_mx"], ref["mxattention"]) < 0.5 * rel_l2(ref["mxattention"], native)
+                out[backend] = model(**inputs)[0].float().cpu()
+    return out
+
+
+def _check_cp(got, ref, tol):
+    assert rel_l2(got["ring_fp"], ref["mxattention_fp"]) <= tol
+    assert rel_l2(got["ulysses_mx"], ref["mxattention"]) <= tol  # whole heads per rank: split-free
+    assert rel_l2(got["ring_mx"], ref["mxattention"]) < 0.5 * rel_l2(ref["mxattention"], ref["native"])
     for label in ("ring_keep_all", "ulysses_keep_all"):
-        assert rel_l2(got[label], native) <= 1e-5, label
+        assert rel_l2(got[label], ref["native"]) <= tol, label
         counts = got[label + "_counts"]
         assert counts["quantized"] == 0 and counts["high_precision"] == 4, label
+
+
+@pytest.mark.distributed
+def test_diffusers_ring_and_ulysses_on_two_gloo_processes():
+    _check_cp(_spawn_cp("cpu", "float32"), _one_process("cpu", torch.float32), 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.distributed
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+@pytest.mark.parametrize(("dtype", "tol"), [("float32", 1e-5), ("bfloat16", 2e-2)])
+def test_diffusers_ring_and_ulysses_on_two_gpus(dtype, tol):
+    _check_cp(_spawn_cp("cuda", dtype), _one_process("cuda:0", getattr(torch, dtype)), tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_native_ring_op_on_cuda_uses_flash_with_lse():
+    q, k, v = (x.cuda().bfloat16() for x in _qkv(outliers=False))
+    out, lse = mxattention_forward_op(None, q, k, v, return_lse=True, native=True)
+    fp_out, fp_lse = mxattention_forward_op(None, q, k, v, return_lse=True, method="fp")
+    assert out.dtype == torch.bfloat16 and lse.shape == (B, SQ, H) and lse.dtype == torch.float32
+    assert rel_l2(out, fp_out) < 1e-2
+    torch.testing.assert_close(lse, fp_lse, atol=2e-2, rtol=1e-3)
+    merged, merged_lse = _split_merge("fp", q, k, v, 2, native=True)  # torch flash chunks, merged
+    assert rel_l2(merged, fp_out) < 1e-2
+    torch.testing.assert_close(merged_lse, fp_lse, atol=2e-2, rtol=1e-3)

@@ -120,3 +120,15 @@ MODELS = {
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def to(inputs: dict[str, Any], device: torch.device | str, dtype: torch.dtype) -> dict[str, Any]:
+    """Inputs moved to `device`; floating tensors other than timesteps cast to `dtype`."""
+    return {
+        k: v.to(device, dtype)
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and k != "timestep"
+        else v.to(device)
+        if isinstance(v, torch.Tensor)
+        else v
+        for k, v in inputs.items()
+    }

@@ -1,7 +1,8 @@
 """Internal: which SDPA calls the mxattention path can take, with a named reason when not.
 
 Exposes `original_sdpa` (torch's function as found when this package was first imported, so the
-high-precision and fallback paths never re-enter a patch), `unsupported_reason` and `CallStats`.
+high-precision and fallback paths never re-enter a patch), `torch_attention_with_lse`,
+`unsupported_reason` and `CallStats`.
 """
 
 from __future__ import annotations
@@ -76,6 +77,48 @@ def unsupported_reason(
                 return "mask"
         except RuntimeError:
             return "mask"
+    return None
+
+
+def torch_attention_with_lse(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """torch's own flash attention with its log-sum-exp, (O [B, H, Lq, Dv], lse [B, H, Lq] fp32), for
+    [B, H, L, D] inputs with equal head counts; None where no such aten op serves the call.
+
+    CPU: `_scaled_dot_product_flash_attention_for_cpu` (the kernel CPU SDPA runs; masks as additive
+    in the query dtype). CUDA: `_scaled_dot_product_flash_attention`, fp16 / bf16, no mask, head dim
+    a multiple of 8 up to 256.
+    """
+    if query.shape[1] != key.shape[1]:
+        return None
+    if query.device.type == "cpu":
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype).masked_fill(~attn_mask, -float("inf"))
+        elif attn_mask is not None:
+            attn_mask = attn_mask.to(query.dtype)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale
+        )
+        return out, lse.float()
+    d = query.shape[-1]
+    if (
+        query.device.type == "cuda"
+        and attn_mask is None
+        and query.dtype in (torch.float16, torch.bfloat16)
+        and d == value.shape[-1]
+        and d % 8 == 0
+        and d <= 256
+    ):
+        out, lse, *_ = torch.ops.aten._scaled_dot_product_flash_attention(
+            query, key, value, dropout_p=0.0, is_causal=is_causal, return_debug_mask=False, scale=scale
+        )
+        return out, lse.float()
     return None
 
 

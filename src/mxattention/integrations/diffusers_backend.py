@@ -41,7 +41,12 @@ from diffusers.models import attention_dispatch as _ad
 
 from mxattention.attention.config import PRESETS, AttentionConfig, get_method
 from mxattention.dispatch import scaled_dot_product_attention as mx_sdpa
-from mxattention.integrations._support import CallStats, original_sdpa, unsupported_reason
+from mxattention.integrations._support import (
+    CallStats,
+    original_sdpa,
+    torch_attention_with_lse,
+    unsupported_reason,
+)
 from mxattention.integrations.policy import NATIVE, PrecisionPolicy
 
 DEFAULT_NAME = "mxattention"
@@ -118,8 +123,9 @@ def mxattention_forward_op(
 
     query [B, Sq, H, D], key / value [B, Sk, Hkv, D]; returns out [B, Sq, H, Dv] in the input dtype
     and, with `return_lse`, lse [B, Sq, H] (fp32, natural log), the layout of diffusers' flash ops.
-    `native` runs torch's SDPA when no lse is asked for (Ulysses), else `method`. `ctx` is unused:
-    nothing is saved, there is no backward.
+    `native` runs torch's SDPA instead of `method`; where the lse is asked for (ring) torch's flash
+    attention op that returns it (CPU: any mask; CUDA: fp16 / bf16 without mask), else the "fp"
+    method. `ctx` is unused: nothing is saved, there is no backward.
     """
     mask = _key_mask(attn_mask, query.shape[0], key.shape[1])
     if mask is not None and mask.shape[-1] != key.shape[1]:
@@ -140,18 +146,21 @@ def mxattention_forward_op(
             enable_gqa=enable_gqa,
         )
         return out.permute(0, 2, 1, 3)
-    out, lse = mx_sdpa(
-        q,
-        k,
-        v,
-        mask,
-        dropout_p,
-        is_causal,
-        scale,
-        enable_gqa,
-        method="fp" if native else method,
-        return_lse=True,
-    )
+    pair = torch_attention_with_lse(q, k, v, mask, is_causal, scale) if native and dropout_p == 0 else None
+    if pair is None:
+        pair = mx_sdpa(
+            q,
+            k,
+            v,
+            mask,
+            dropout_p,
+            is_causal,
+            scale,
+            enable_gqa,
+            method="fp" if native else method,
+            return_lse=True,
+        )
+    out, lse = pair
     out = out.permute(0, 2, 1, 3)
     return (out, lse.permute(0, 2, 1)) if return_lse else out
 

@@ -144,8 +144,8 @@ class PrecisionPolicy:
     `torch.nn.functional.scaled_dot_product_attention` (the exact op the unmodified model runs, in its
     own dtype: what the paper's FP16 fallback is, and free); a method name or `AttentionConfig` with no
     quantized operand (e.g. "fp", the fp32 tiled reference) runs it through mxattention instead. Where
-    the log-sum-exp is needed (diffusers' ring attention), "native" calls use "fp", since torch's public
-    SDPA does not return it.
+    the log-sum-exp is needed (diffusers' ring attention), "native" calls run torch's flash attention
+    op that returns it, or "fp" where none serves the call (masks or fp32 on CUDA).
 
     The policy carries mutable run state (step tracker, counts) outside the compared fields; one policy
     object per concurrently running pipeline. `dataclasses.replace` gives a policy with fresh state.

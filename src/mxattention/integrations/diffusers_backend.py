@@ -19,7 +19,8 @@ Masks: bool (True = attend) or additive, as torch SDPA; a 2-D [B, Sk] key mask i
 [B, 1, 1, Sk] like diffusers' native backend; HunyuanVideo's bool [B, 1, 1, N] key mask is served
 (SageAttention's backends refuse masks). GQA, `scale` and `is_causal` pass through. Calls the 4-bit path
 cannot serve (dropout, inputs needing gradients, ...) run torch's SDPA, counted by reason in
-`backend_stats(name)`, which also counts the mask dtypes / shapes seen.
+`backend_stats(name)`, which also counts the mask dtypes / shapes seen. Under torch.compile (Dynamo
+tracing) calls fall back likewise ("compiling"): mxattention is not a custom op yet.
 
 Context parallelism: `supports_context_parallel=True`. Ring attention calls the forward op once per
 key chunk with `return_lse=True` and merges the (out, lse) pairs; Ulysses calls it once on all keys of

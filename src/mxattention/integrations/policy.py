@@ -149,6 +149,7 @@ class PrecisionPolicy:
 
     The policy carries mutable run state (step tracker, counts) outside the compared fields; one policy
     object per concurrently running pipeline. `dataclasses.replace` gives a policy with fresh state.
+    Threads: call sites are tracked per thread, counts under a lock, the step count is shared.
     """
 
     layers: frozenset[int] = frozenset()

@@ -53,15 +53,18 @@ def frame_metrics(frames: np.ndarray, ref: np.ndarray) -> dict[str, float]:
     if frames.shape != ref.shape:
         raise ValueError(f"frames {frames.shape} and reference {ref.shape} differ in shape")
     cos, ssim, psnr = [], [], []
+    channel_axis = -1 if frames.ndim == 4 and frames.shape[-1] in (1, 3, 4) else None
+    side = min(frames.shape[1:3]) if channel_axis is not None else min(frames.shape[-2:])
+    # SSIM's default 7x7 window needs frames of at least 7 pixels a side; smaller ones (thumbnails,
+    # tiny test pipelines) use the largest odd window that fits.
+    win = min(7, side if side % 2 else side - 1)
+    if win < 3:
+        raise ValueError(f"frames of {frames.shape[1:]} are too small for SSIM (need >= 3 pixels a side)")
     for a, b in zip(frames, ref, strict=True):
         av, bv = a.reshape(-1).astype(np.float64), b.reshape(-1).astype(np.float64)
         cos.append(float(av @ bv / max(np.linalg.norm(av) * np.linalg.norm(bv), 1e-12)))
         ssim.append(
-            float(
-                structural_similarity(
-                    b, a, data_range=1.0, channel_axis=-1 if a.shape[-1] in (1, 3, 4) else None
-                )
-            )
+            float(structural_similarity(b, a, data_range=1.0, channel_axis=channel_axis, win_size=win))
         )
         psnr.append(
             float("inf") if np.array_equal(a, b) else float(peak_signal_noise_ratio(b, a, data_range=1.0))

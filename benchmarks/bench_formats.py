@@ -55,8 +55,12 @@ def main(argv: list[str] | None = None) -> int:
         from torchao.prototype.mx_formats.config import ScaleCalculationMode
         from torchao.prototype.mx_formats.mx_tensor import to_mx
 
-        cases["torchao to_mx FLOOR"] = lambda: to_mx(x, torch.float4_e2m1fn_x2, 32, ScaleCalculationMode.FLOOR)
-        cases["torchao to_mx RCEIL"] = lambda: to_mx(x, torch.float4_e2m1fn_x2, 32, ScaleCalculationMode.RCEIL)
+        cases["torchao to_mx FLOOR"] = lambda: to_mx(
+            x, torch.float4_e2m1fn_x2, 32, ScaleCalculationMode.FLOOR
+        )
+        cases["torchao to_mx RCEIL"] = lambda: to_mx(
+            x, torch.float4_e2m1fn_x2, 32, ScaleCalculationMode.RCEIL
+        )
     except ImportError:
         pass
     rows = []
@@ -89,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for r in rows:
         ratio = f"{r['vs_torchao_floor']:.2f}x" if r["vs_torchao_floor"] else "-"
-        lines.append(f"| {r['cast']} | {r['seconds'] * 1e3:.1f} | {r['elements_per_s'] / 1e6:.1f} | {ratio} |")
+        lines.append(
+            f"| {r['cast']} | {r['seconds'] * 1e3:.1f} | {r['elements_per_s'] / 1e6:.1f} | {ratio} |"
+        )
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

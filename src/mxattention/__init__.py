@@ -6,14 +6,19 @@
 
 from mxattention.attention import AttentionConfig, QuantSpec, get_method, list_methods, merge_attention
 from mxattention.dispatch import scaled_dot_product_attention
+from mxattention.integrations import PrecisionPolicy, disable, enable, patch_sdpa
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AttentionConfig",
+    "PrecisionPolicy",
     "QuantSpec",
+    "disable",
+    "enable",
     "get_method",
     "list_methods",
     "merge_attention",
+    "patch_sdpa",
     "scaled_dot_product_attention",
 ]

@@ -120,3 +120,13 @@ def test_extreme_exponents_clamped():
     assert int(mx_quantize(big, rule="uos").scales) == 127 + 126
     assert int(mx_quantize(big, rule="ocp").scales) == 127 + 125
     assert int(mx_quantize(big / 1.1, rule="uos").scales) == 127 + 125
+
+
+def test_inputs_are_not_modified():
+    from mxattention.formats.nvfp4 import nvfp4_fake_quantize
+
+    x = torch.randn(4, 64) * 3
+    keep = x.clone()
+    for cast in (fake_quantize, mx_quantize, nvfp4_fake_quantize):
+        cast(x)
+        assert torch.equal(x, keep), cast.__name__

@@ -81,7 +81,7 @@ def reference_attention(
     mask: torch.Tensor | None = None,
     is_causal: bool = False,
     scale: float,
-    max_tile_elements: int = MAX_TILE_ELEMENTS,
+    max_tile_elements: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of float32 [B, H, L, D] operands (heads already matched) as `cfg` says.
 
@@ -91,7 +91,8 @@ def reference_attention(
     """
     ops = prepare_operands(query, key, value, cfg)
     b, h, lq, _ = ops.q.shape
-    rows = max(1, min(lq, max_tile_elements // max(1, b * h * cfg.block_n)))
+    budget = MAX_TILE_ELEMENTS if max_tile_elements is None else max_tile_elements
+    rows = max(1, min(lq, budget // max(1, b * h * cfg.block_n)))
     outs, lses = [], []
     for q0 in range(0, lq, rows):
         q1 = min(q0 + rows, lq)

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from mxattention import __version__
-from mxattention.cli import theory
+from mxattention.cli import bench, demo, diagnose, evaluate, theory
 
 # Later subcommands (demo, diagnose, eval, bench) are modules with the same four names, added here.
-SUBCOMMANDS: tuple[ModuleType, ...] = (theory,)
+SUBCOMMANDS: tuple[ModuleType, ...] = (demo, theory, diagnose, evaluate, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -130,5 +130,5 @@ def fake_quantize(
     xb = _blocks(x, axis, block_size)
     e, bad, inv = _block_scale(xb, rule_, ladder)
     scale = torch.where(bad, float("nan"), torch.exp2(e.to(torch.float32)))
-    out = round_to_ladder(xb * inv.unsqueeze(-1), ladder) * scale.unsqueeze(-1)
+    out = round_to_ladder(xb * inv.unsqueeze(-1), ladder).mul_(scale.unsqueeze(-1))
     return out.flatten(-2)[..., :n].movedim(-1, axis).to(x.dtype)

@@ -99,7 +99,7 @@ def nvfp4_fake_quantize(x: torch.Tensor, axis: int = -1, *, two_level: bool = Tr
     n = x.shape[axis]
     v, s_b8, s_t, bad = _nvfp4(x, axis, two_level)
     scale = torch.where(bad, float("nan"), s_b8.to(torch.float32))
-    out = round_to_ladder(v, E2M1) * scale.unsqueeze(-1)
+    out = round_to_ladder(v, E2M1).mul_(scale.unsqueeze(-1))
     if s_t is not None:
         out = out * s_t
     return out.flatten(-2)[..., :n].movedim(-1, axis).to(x.dtype)

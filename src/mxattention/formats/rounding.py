@@ -29,35 +29,46 @@ def code_magnitudes(ladder: ElementLadder, device: torch.device | str = "cpu") -
     return t
 
 
-def round_magnitude(a: torch.Tensor, ladder: ElementLadder) -> torch.Tensor:
-    """Non-negative float32 `a` rounded to the ladder (nearest, ties to even), saturated."""
+def round_magnitude_(a: torch.Tensor, ladder: ElementLadder) -> torch.Tensor:
+    """Round non-negative float32 `a` to the ladder IN PLACE (nearest, ties to even, saturated).
+
+    In place because the casts run this over every element: a fresh tensor per step would cost
+    an allocation and a page-in of the whole tensor each time.
+    """
     lo = F32_EXP_BIAS + ladder.min_normal_exp
     # Above 2**(emax+1) every value saturates, so capping the binade keeps C finite for any input.
     hi = F32_EXP_BIAS + ladder.emax + 1
-    biased = (a.view(torch.int32) >> F32_MANTISSA_BITS).clamp(lo, hi)
-    c = ((biased + (F32_MANTISSA_BITS - ladder.mbits)) << F32_MANTISSA_BITS).view(torch.float32)
-    return ((a + c) - c).clamp_(max=ladder.max_value)
+    c = a.view(torch.int32) >> F32_MANTISSA_BITS
+    c.clamp_(lo, hi).add_(F32_MANTISSA_BITS - ladder.mbits).bitwise_left_shift_(F32_MANTISSA_BITS)
+    c = c.view(torch.float32)
+    return a.add_(c).sub_(c).clamp_(max=ladder.max_value)
+
+
+def round_magnitude(a: torch.Tensor, ladder: ElementLadder) -> torch.Tensor:
+    """Non-negative float32 `a` rounded to the ladder (nearest, ties to even), saturated."""
+    return round_magnitude_(a.clone(), ladder)
 
 
 def round_to_ladder(v: torch.Tensor, ladder: ElementLadder) -> torch.Tensor:
     """float32 `v` rounded to the signed, saturating ladder; keeps the sign of zero."""
-    return torch.copysign(round_magnitude(v.abs(), ladder), v)
+    return round_magnitude_(v.abs(), ladder).copysign_(v)
 
 
 def magnitude_codes(r: torch.Tensor, ladder: ElementLadder) -> torch.Tensor:
     """Bit codes (uint8, sign excluded) of float32 magnitudes `r` that lie exactly on the ladder."""
-    bits = r.view(torch.int32)
-    exp_field = (bits >> F32_MANTISSA_BITS) - F32_EXP_BIAS + ladder.bias
-    mant = (bits >> (F32_MANTISSA_BITS - ladder.mbits)) & ((1 << ladder.mbits) - 1)
-    normal = (exp_field << ladder.mbits) | mant
+    # Normal values: float32's exponent and top mantissa bits are contiguous, so one shift gives
+    # (biased exponent << mbits | mantissa); rebiasing is one subtraction.
+    normal = (r.view(torch.int32) >> (F32_MANTISSA_BITS - ladder.mbits)) - (
+        (F32_EXP_BIAS - ladder.bias) << ladder.mbits
+    )
     # Subnormals (and zero): a whole number of the smallest step.
     sub = (r * 2.0 ** (ladder.mbits - ladder.min_normal_exp)).to(torch.int32)
-    return torch.where(exp_field > 0, normal, sub).to(torch.uint8)
+    return torch.where(r < 2.0**ladder.min_normal_exp, sub, normal).to(torch.uint8)
 
 
 def ladder_codes(v: torch.Tensor, ladder: ElementLadder) -> torch.Tensor:
     """Element codes (uint8: sign bit above the magnitude bits) of float32 values `v`."""
-    mag = magnitude_codes(round_magnitude(v.abs(), ladder), ladder)
+    mag = magnitude_codes(round_magnitude_(v.abs(), ladder), ladder)
     return mag | (torch.signbit(v).to(torch.uint8) << (ladder.bits - 1))
 
 

@@ -1,0 +1,131 @@
+"""Evaluate any diffusers pipeline you have weights for: FP once, then each method, paired seeds.
+
+    mxattention eval --pipeline PATH_OR_ID --prompts prompts.txt --seeds 0 1 \\
+        --methods mxfp4-ocp nvfp4 mxattention --steps 40 [--policy wan22] --out reports/eval
+
+Writes eval.json (every number), eval.md (the paper's Table 2 layout: cosine, SSIM, PSNR
+against FP per method) and one PNG grid of frames per prompt and seed. The reference is the
+pipeline's own attention ("fp-native", its own dtype) unless --reference names a method.
+Weights are loaded from a local folder (or the local Hugging Face cache): nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+NAME = "eval"
+HELP = "paired-seed quality report of a diffusers pipeline: FP vs each method, with frame grids"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--pipeline", required=True, help="a local pipeline folder, or a model id in the local cache"
+    )
+    parser.add_argument("--prompts", required=True, type=Path, help="text file, one prompt per line")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--methods", nargs="+", default=["mxfp4-ocp", "nvfp4", "mxattention"])
+    parser.add_argument(
+        "--reference", default="fp-native", help="fp-native (the pipeline's own attention) or a method"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=None, help="num_inference_steps (default: the pipeline's)"
+    )
+    parser.add_argument("--height", type=int)
+    parser.add_argument("--width", type=int)
+    parser.add_argument("--num-frames", type=int, help="frames, for video pipelines")
+    parser.add_argument("--guidance", type=float, help="guidance_scale")
+    parser.add_argument(
+        "--policy",
+        choices=["none", "wan22"],
+        default="none",
+        help="wan22: block 0 and the last 2 steps in high precision",
+    )
+    parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--out", type=Path, default=Path("reports/eval"))
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from mxattention.attention.config import list_methods
+
+    known = [*list_methods(), "fp-native"]
+    bad = [m for m in [*args.methods, args.reference] if m not in known]
+    if bad:
+        args.parser.error(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(known)}")
+    if not args.prompts.is_file():
+        args.parser.error(f"--prompts {args.prompts}: no such file")
+    prompts = [p.strip() for p in args.prompts.read_text().splitlines() if p.strip()]
+    if not prompts:
+        args.parser.error(f"--prompts {args.prompts} holds no prompt")
+    if args.steps is not None and args.steps < 1:
+        args.parser.error("--steps must be >= 1")
+    if args.policy == "wan22" and (args.steps is None or args.steps < 2):
+        args.parser.error("--policy wan22 needs --steps >= 2 (it keeps the last 2 steps in high precision)")
+    try:
+        from diffusers import DiffusionPipeline
+
+        from mxattention.eval.pipeline_eval import evaluate_pipeline, write_report
+        from mxattention.integrations.policy import PrecisionPolicy
+    except ImportError as exc:
+        print(
+            f"mxattention eval: a package it needs is missing ({exc.name}); install the diffusers and eval extras",
+            file=sys.stderr,
+        )
+        return 1
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    try:
+        pipe = DiffusionPipeline.from_pretrained(
+            args.pipeline, torch_dtype=getattr(torch, args.dtype), local_files_only=True
+        )
+    except (OSError, ValueError) as exc:
+        print(f"mxattention eval: could not load the pipeline {args.pipeline!r}: {exc}", file=sys.stderr)
+        return 1
+    pipe = pipe.to(device)
+    if hasattr(pipe, "set_progress_bar_config"):
+        pipe.set_progress_bar_config(disable=True)
+    call = {
+        k: v
+        for k, v in {
+            "num_inference_steps": args.steps,
+            "height": args.height,
+            "width": args.width,
+            "num_frames": args.num_frames,
+            "guidance_scale": args.guidance,
+        }.items()
+        if v is not None
+    }
+    policy = PrecisionPolicy.wan22(args.steps) if args.policy == "wan22" else None
+    handle = policy.attach(pipe) if policy is not None else None
+    try:
+        res = evaluate_pipeline(
+            pipe,
+            prompts,
+            args.seeds,
+            args.methods,
+            reference=args.reference,
+            policy=policy,
+            call_kwargs=call,
+            progress=not args.no_progress,
+        )
+    finally:
+        if handle is not None:
+            handle.remove()
+    meta = {
+        "pipeline": args.pipeline,
+        "device": str(device),
+        "dtype": args.dtype,
+        "steps": args.steps,
+        "policy": policy.describe() if policy else "none",
+        "seeds": args.seeds,
+    }
+    path = write_report(res, args.out, meta=meta)
+    print(res.table())
+    if policy is not None:
+        print(policy.report())
+    print(f"\nreport: {path}")
+    return 0

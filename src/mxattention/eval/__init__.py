@@ -1,0 +1,1 @@
+"""Evaluation: mechanism diagnostics, real-model harnesses (MiniLM, terrain diffusion), quality reports."""

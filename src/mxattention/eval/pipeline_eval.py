@@ -1,0 +1,217 @@
+"""Paired-seed quality evaluation of any diffusers pipeline: FP once, then each method.
+
+`evaluate_pipeline(pipe, prompts, seeds, methods, ...)` runs the pipeline with identical prompts,
+seeds and steps once in full precision and once per method, and compares every generated
+image / video frame with its FP twin: frame-level cosine similarity (of the pixel vectors),
+SSIM and PSNR (scikit-image, data range 1). `write_report` saves a JSON with every number, a
+markdown table in the layout of the paper's Table 2, and PNG grids of frames side by side.
+
+VBench (subject consistency, imaging and aesthetic quality) needs model weights that cannot be
+fetched offline; pass `extra_metrics={"name": fn}` where fn(frames [F, H, W, C] float in [0, 1])
+-> float, e.g. a wrapper around an installed VBench, and the numbers join the tables.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+FrameMetric = Callable[[np.ndarray], float]
+
+
+def frames_of(output: Any) -> np.ndarray:
+    """Frames [F, H, W, C] float32 in [0, 1] of the first sample of a pipeline output.
+
+    Video pipelines return `.frames` ([B, F, H, W, C] arrays or lists of PIL frames); image
+    pipelines return `.images` (PIL images or [B, H, W, C] arrays): an image is one frame.
+    """
+    if hasattr(output, "frames"):
+        first = output.frames[0]
+    elif hasattr(output, "images"):
+        first = [output.images[0]]
+    else:
+        raise TypeError(f"pipeline output {type(output).__name__} has neither .frames nor .images")
+    arr = np.stack([np.asarray(f) for f in first]) if isinstance(first, (list, tuple)) else np.asarray(first)
+    if arr.ndim == 3:
+        arr = arr[None]
+    arr = arr.astype(np.float32)
+    return arr / 255.0 if arr.max() > 1.5 else arr
+
+
+def frame_metrics(frames: np.ndarray, ref: np.ndarray) -> dict[str, float]:
+    """Mean over frames of cosine (pixel vectors), SSIM and PSNR (dB) of `frames` against `ref`."""
+    from skimage.metrics import peak_signal_noise_ratio, structural_similarity
+
+    if frames.shape != ref.shape:
+        raise ValueError(f"frames {frames.shape} and reference {ref.shape} differ in shape")
+    cos, ssim, psnr = [], [], []
+    channel_axis = -1 if frames.ndim == 4 and frames.shape[-1] in (1, 3, 4) else None
+    side = min(frames.shape[1:3]) if channel_axis is not None else min(frames.shape[-2:])
+    # SSIM's default 7x7 window needs frames of at least 7 pixels a side; smaller ones (thumbnails,
+    # tiny test pipelines) use the largest odd window that fits.
+    win = min(7, side if side % 2 else side - 1)
+    if win < 3:
+        raise ValueError(f"frames of {frames.shape[1:]} are too small for SSIM (need >= 3 pixels a side)")
+    for a, b in zip(frames, ref, strict=True):
+        av, bv = a.reshape(-1).astype(np.float64), b.reshape(-1).astype(np.float64)
+        cos.append(float(av @ bv / max(np.linalg.norm(av) * np.linalg.norm(bv), 1e-12)))
+        ssim.append(
+            float(structural_similarity(b, a, data_range=1.0, channel_axis=channel_axis, win_size=win))
+        )
+        psnr.append(
+            float("inf") if np.array_equal(a, b) else float(peak_signal_noise_ratio(b, a, data_range=1.0))
+        )
+    return {"cosine": statistics.fmean(cos), "ssim": statistics.fmean(ssim), "psnr": statistics.fmean(psnr)}
+
+
+@contextmanager
+def route_attention(pipe: Any, method: str, policy: Any = None) -> Iterator[None]:
+    """Inside the block every attention call of `pipe` runs with `method` (and `policy`).
+
+    Transformers that dispatch through diffusers' attention dispatcher get our registered
+    backend; everything else calling torch's SDPA is routed by `patch_sdpa`. "fp-native" leaves
+    the pipeline untouched (diffusers' own attention).
+    """
+    if method == "fp-native":
+        yield
+        return
+    from mxattention.integrations import patch_sdpa
+
+    denoiser = getattr(pipe, "transformer", None) or getattr(pipe, "unet", None)
+    backend_ctx = None
+    if denoiser is not None and hasattr(denoiser, "set_attention_backend"):
+        from diffusers.models.attention_dispatch import attention_backend
+
+        from mxattention.integrations.diffusers_backend import register_diffusers_backend
+
+        backend_ctx = attention_backend(register_diffusers_backend(method=method, policy=policy))
+    with patch_sdpa(method=method, policy=policy):
+        if backend_ctx is None:
+            yield
+        else:
+            with backend_ctx:
+                yield
+
+
+@dataclass
+class PipelineEval:
+    """Every number of one evaluation: per (prompt, seed) and method, the frame metrics."""
+
+    methods: list[str]
+    samples: list[dict] = field(default_factory=list)  # {"prompt", "seed", "metrics": {method: {...}}}
+    frames: dict[tuple[int, int], dict[str, np.ndarray]] = field(default_factory=dict)
+
+    def mean(self, method: str, metric: str) -> float:
+        vals = [s["metrics"][method][metric] for s in self.samples if metric in s["metrics"][method]]
+        return statistics.fmean(vals) if vals else float("nan")
+
+    def table(self, metrics: Sequence[str] = ("cosine", "ssim", "psnr")) -> str:
+        head = "| method | " + " | ".join(metrics) + " |"
+        lines = [head, "|" + " --- |" * (len(metrics) + 1)]
+        for m in self.methods:
+            lines.append(f"| {m} | " + " | ".join(f"{self.mean(m, k):.4f}" for k in metrics) + " |")
+        return "\n".join(lines)
+
+
+def evaluate_pipeline(
+    pipe: Any,
+    prompts: Sequence[str],
+    seeds: Sequence[int],
+    methods: Sequence[str],
+    *,
+    reference: str = "fp",
+    policy: Any = None,
+    call_kwargs: Mapping[str, Any] | None = None,
+    extra_metrics: Mapping[str, FrameMetric] | None = None,
+    progress: bool = True,
+) -> PipelineEval:
+    """Run `pipe(prompt=..., generator=torch.Generator().manual_seed(seed), **call_kwargs)` for the
+    reference and every method with paired prompts and seeds; compare frames with the reference's.
+    """
+    from tqdm.auto import tqdm
+
+    kwargs = dict(call_kwargs or {})
+    runs = [reference, *[m for m in methods if m != reference]]
+    res = PipelineEval(methods=runs)
+    device = getattr(pipe, "device", torch.device("cpu"))
+    total = len(prompts) * len(seeds) * len(runs)
+    bar = tqdm(total=total, desc="generating", disable=not progress)
+    for pi, prompt in enumerate(prompts):
+        for seed in seeds:
+            frames: dict[str, np.ndarray] = {}
+            for m in runs:
+                gen = torch.Generator(device="cpu" if device.type == "mps" else device).manual_seed(seed)
+                with route_attention(pipe, m, policy if m != reference else None):
+                    frames[m] = frames_of(pipe(prompt=prompt, generator=gen, **kwargs))
+                bar.update(1)
+            metrics = {m: frame_metrics(frames[m], frames[reference]) for m in runs}
+            for name, fn in (extra_metrics or {}).items():
+                for m in runs:
+                    metrics[m][name] = float(fn(frames[m]))
+            res.samples.append({"prompt": prompt, "seed": seed, "metrics": metrics})
+            res.frames[pi, seed] = frames
+    bar.close()
+    return res
+
+
+def save_frame_grid(
+    frames: Mapping[str, np.ndarray], path: Path, *, n_frames: int = 3, title: str = ""
+) -> None:
+    """Rows = methods, columns = frames sampled evenly from the clip, then |method - ref| of the middle frame."""
+    from matplotlib.figure import Figure
+
+    methods = list(frames)
+    ref = frames[methods[0]]
+    idx = np.linspace(0, ref.shape[0] - 1, min(n_frames, ref.shape[0])).round().astype(int)
+    cols = len(idx) + 1
+    fig = Figure(figsize=(2.2 * cols, 2.2 * len(methods)), layout="constrained")
+    axes = fig.subplots(len(methods), cols, squeeze=False)
+    mid = idx[len(idx) // 2]
+    for r, m in enumerate(methods):
+        for c, f in enumerate(idx):
+            axes[r, c].imshow(np.clip(frames[m][f], 0, 1))
+            axes[r, c].set_axis_off()
+            if r == 0:
+                axes[r, c].set_title(f"frame {f}", fontsize=8)
+        diff = np.abs(frames[m][mid] - ref[mid]).mean(-1)
+        axes[r, -1].imshow(diff, cmap="magma", vmin=0, vmax=max(0.05, float(diff.max())))
+        axes[r, -1].set_axis_off()
+        axes[r, 0].text(
+            -0.1, 0.5, m, transform=axes[r, 0].transAxes, rotation=90, va="center", ha="right", fontsize=8
+        )
+        if r == 0:
+            axes[r, -1].set_title(f"|diff| frame {mid}", fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.savefig(path, dpi=100)
+
+
+def write_report(res: PipelineEval, out: Path, *, meta: Mapping[str, Any] | None = None) -> Path:
+    """Write eval.json (every number), eval.md (the Table 2 layout) and one PNG grid per sample."""
+    out.mkdir(parents=True, exist_ok=True)
+    metric_names = (
+        list(next(iter(res.samples))["metrics"][res.methods[0]])
+        if res.samples
+        else ["cosine", "ssim", "psnr"]
+    )
+    (out / "eval.json").write_text(
+        json.dumps({"meta": dict(meta or {}), "methods": res.methods, "samples": res.samples}, indent=1)
+    )
+    lines = ["# Paired-seed evaluation against FP", ""]
+    if meta:
+        lines += [", ".join(f"{k}: {v}" for k, v in meta.items()), ""]
+    lines += ["Similarity to the FP output (mean over samples and frames):", "", res.table(metric_names), ""]
+    for (pi, seed), frames in res.frames.items():
+        name = f"grid_p{pi}_s{seed}.png"
+        save_frame_grid(frames, out / name, title=f"prompt {pi}, seed {seed}")
+        lines += [f"![prompt {pi} seed {seed}]({name})", ""]
+    (out / "eval.md").write_text("\n".join(lines))
+    return out / "eval.md"

@@ -1,0 +1,37 @@
+"""Plugging mxattention into models: torch SDPA patching, a diffusers backend, hybrid precision.
+
+Exposes `patch_sdpa`, `enable`, `disable`, `stats`, `SdpaPatch` (sdpa_patch), `PrecisionPolicy`,
+`AttentionSite`, `current_site` (policy) and, importing diffusers on first use,
+`register_diffusers_backend`, `register_preset_backends`, `backend_name`, `backend_stats`
+(diffusers_backend). Imports `attention` and `dispatch` only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mxattention.integrations.policy import AttentionSite, PrecisionPolicy, current_site
+from mxattention.integrations.sdpa_patch import SdpaPatch, disable, enable, patch_sdpa, stats
+
+_DIFFUSERS = ("register_diffusers_backend", "register_preset_backends", "backend_name", "backend_stats")
+
+__all__ = [
+    "AttentionSite",
+    "PrecisionPolicy",
+    "SdpaPatch",
+    "current_site",
+    "disable",
+    "enable",
+    "patch_sdpa",
+    "stats",
+    *_DIFFUSERS,
+]
+
+
+def __getattr__(name: str) -> Any:
+    # diffusers is optional and slow to import: load the backend module only when asked for.
+    if name in _DIFFUSERS:
+        from mxattention.integrations import diffusers_backend
+
+        return getattr(diffusers_backend, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

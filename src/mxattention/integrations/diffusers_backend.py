@@ -1,0 +1,351 @@
+"""mxattention as a diffusers attention backend (checked against diffusers 0.42.1).
+
+Exposes `register_diffusers_backend`, `register_preset_backends`, `backend_name`, `backend_stats`,
+`reset_backend_stats`, and the context-parallel ops `mxattention_forward_op` / `mxattention_backward_op`.
+
+    from diffusers.models.attention_dispatch import attention_backend
+    register_diffusers_backend()                       # name "mxattention", method "mxattention"
+    transformer.set_attention_backend("mxattention")   # or: with attention_backend("mxattention"): ...
+
+diffusers internals used (all in `diffusers.models.attention_dispatch`): `AttentionBackendName` (a
+`str` Enum; a member is added at runtime so `AttentionBackendName(name)`, `__members__` and the
+name checks of `attention_backend` / `set_attention_backend` accept it), `_AttentionBackendRegistry
+.register(member, constraints, supports_context_parallel)` and `_templated_context_parallel_attention`
+(ring / Ulysses, given our forward op). `dispatch_attention_fn` passes tensors [B, S, H, D] and only
+the keyword arguments our function names. Register before anything resolves the name: setting
+`DIFFUSERS_ATTN_BACKEND=mxattention` fails, since diffusers resolves it while importing.
+
+Masks: bool (True = attend) or additive, as torch SDPA; a 2-D [B, Sk] key mask is read as
+[B, 1, 1, Sk] like diffusers' native backend; HunyuanVideo's bool [B, 1, 1, N] key mask is served
+(SageAttention's backends refuse masks). GQA, `scale` and `is_causal` pass through. Calls the 4-bit path
+cannot serve (dropout, inputs needing gradients, ...) run torch's SDPA, counted by reason in
+`backend_stats(name)`, which also counts the mask dtypes / shapes seen. Under torch.compile (Dynamo
+tracing) calls fall back likewise ("compiling"): mxattention is not a custom op yet.
+
+Context parallelism: `supports_context_parallel=True`. Ring attention calls the forward op once per
+key chunk with `return_lse=True` and merges the (out, lse) pairs; Ulysses calls it once on all keys of
+a head subset. Full-precision methods merge to the single-device result up to fp32 rounding. Quantized
+methods quantize P~ against the running max of the keys seen, so ring results depend on the split
+(the PNQ row sums stay exactly one); Ulysses results do not. Inference only: the backward op raises.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from diffusers.models import attention_dispatch as _ad
+
+from mxattention.attention.config import PRESETS, AttentionConfig, get_method
+from mxattention.dispatch import scaled_dot_product_attention as mx_sdpa
+from mxattention.integrations._support import (
+    CallStats,
+    original_sdpa,
+    torch_attention_with_lse,
+    unsupported_reason,
+)
+from mxattention.integrations.policy import NATIVE, PrecisionPolicy
+
+DEFAULT_NAME = "mxattention"
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")
+
+
+@dataclass
+class _Registration:
+    name: str
+    method: AttentionConfig
+    policy: PrecisionPolicy | None
+    stats: CallStats = field(default_factory=CallStats)
+
+
+_lock = threading.Lock()
+_registry: dict[str, _Registration] = {}
+
+
+def backend_name(method: str | AttentionConfig) -> str:
+    """The backend name of a method: its name in snake case, prefixed "mxattention_" unless it starts so
+    ("mxattention", "mxattention_no_hadamard", "mxattention_fp", "mxattention_mxfp4_ocp", ...)."""
+    name = get_method(method).name.replace("-", "_").lower()
+    return name if name.startswith(DEFAULT_NAME) else f"{DEFAULT_NAME}_{name}"
+
+
+def _enum_member(name: str) -> _ad.AttentionBackendName:
+    """The AttentionBackendName member of value `name`, added to the enum if missing."""
+    enum_cls = _ad.AttentionBackendName
+    if name in enum_cls._value2member_map_:
+        return enum_cls(name)
+    attr = re.sub(r"\W", "_", name).upper()
+    if attr in enum_cls._member_map_:
+        raise ValueError(f"AttentionBackendName already has a member {attr}")
+    member = str.__new__(enum_cls, name)
+    member._name_ = attr
+    member._value_ = name
+    member.__objclass__ = enum_cls
+    if hasattr(enum_cls, "_add_member_"):  # Python >= 3.13 keeps the member bookkeeping itself
+        enum_cls._add_member_(attr, member)
+    else:
+        member._sort_order_ = len(enum_cls._member_names_)
+        enum_cls._member_map_[attr] = member
+        enum_cls._member_names_.append(attr)
+        type.__setattr__(enum_cls, attr, member)
+    enum_cls._value2member_map_[name] = member
+    return member
+
+
+def _key_mask(attn_mask: torch.Tensor | None, batch: int, k_len: int) -> torch.Tensor | None:
+    """diffusers' 2-D [B, Sk] key mask as [B, 1, 1, Sk], as its native backend reads it."""
+    if attn_mask is not None and attn_mask.ndim == 2 and attn_mask.shape == (batch, k_len):
+        return attn_mask[:, None, None, :]
+    return attn_mask
+
+
+def mxattention_forward_op(
+    ctx: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    return_lse: bool = False,
+    _save_ctx: bool = True,
+    _parallel_config: Any = None,
+    *,
+    method: str | AttentionConfig = "mxattention",
+    native: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The forward op diffusers' templated ring / Ulysses attention calls.
+
+    query [B, Sq, H, D], key / value [B, Sk, Hkv, D]; returns out [B, Sq, H, Dv] in the input dtype
+    and, with `return_lse`, lse [B, Sq, H] (fp32, natural log), the layout of diffusers' flash ops.
+    `native` runs torch's SDPA instead of `method`; where the lse is asked for (ring) torch's flash
+    attention op that returns it (CPU: any mask; CUDA: fp16 / bf16 without mask), else the "fp"
+    method. `ctx` is unused: nothing is saved, there is no backward.
+    """
+    mask = _key_mask(attn_mask, query.shape[0], key.shape[1])
+    if mask is not None and mask.shape[-1] != key.shape[1]:
+        raise ValueError(
+            f"attn_mask covers {mask.shape[-1]} keys but this chunk has {key.shape[1]}: diffusers' ring "
+            "attention does not rotate the mask with the keys; use Ulysses for masked attention"
+        )
+    q, k, v = (x.permute(0, 2, 1, 3) for x in (query, key, value))
+    if native and not return_lse:
+        out = original_sdpa(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
+        return out.permute(0, 2, 1, 3)
+    pair = torch_attention_with_lse(q, k, v, mask, is_causal, scale) if native and dropout_p == 0 else None
+    if pair is None:
+        pair = mx_sdpa(
+            q,
+            k,
+            v,
+            mask,
+            dropout_p,
+            is_causal,
+            scale,
+            enable_gqa,
+            method="fp" if native else method,
+            return_lse=True,
+        )
+    out, lse = pair
+    out = out.permute(0, 2, 1, 3)
+    return (out, lse.permute(0, 2, 1)) if return_lse else out
+
+
+def mxattention_backward_op(ctx: Any, grad_out: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    """Raises: mxattention is an inference (forward-only) method."""
+    raise NotImplementedError("mxattention's diffusers backend is forward-only (inference)")
+
+
+def _decide(reg: _Registration, q_len: int, k_len: int) -> tuple[AttentionConfig, bool]:
+    """(method, native) for one call, counted in the backend's stats and the policy's report."""
+    if reg.policy is not None and reg.policy.route(q_len, k_len):
+        reg.stats.add("high_precision")
+        return reg.policy.high_precision_method, reg.policy.high_precision == NATIVE
+    reg.stats.add("routed")
+    return reg.method, False
+
+
+def _attention(
+    reg: _Registration,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+    return_lse: bool,
+    parallel_config: Any,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    mask = _key_mask(attn_mask, query.shape[0], key.shape[1])
+    reg.stats.saw_mask(mask)
+    if parallel_config is not None:
+        # Once per attention call, not per ring step, so every key chunk uses the same method.
+        method, native = _decide(reg, query.shape[1], key.shape[1])
+        return _ad._templated_context_parallel_attention(
+            query,
+            key,
+            value,
+            attn_mask,
+            dropout_p,
+            is_causal,
+            scale,
+            enable_gqa,
+            return_lse,
+            forward_op=functools.partial(mxattention_forward_op, method=method, native=native),
+            backward_op=mxattention_backward_op,
+            _parallel_config=parallel_config,
+        )
+    q, k, v = (x.permute(0, 2, 1, 3) for x in (query, key, value))
+    reason = unsupported_reason(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa)
+    if reason is not None and return_lse:
+        raise ValueError(f"mxattention cannot serve this call ({reason}) and torch's SDPA returns no lse")
+    if reason is not None:
+        reg.stats.add("fallback", reason)
+        out = original_sdpa(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
+        return out.permute(0, 2, 1, 3)
+    method, native = _decide(reg, query.shape[1], key.shape[1])
+    return mxattention_forward_op(
+        None,
+        query,
+        key,
+        value,
+        mask,
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        return_lse,
+        method=method,
+        native=native,
+    )
+
+
+def _check_inputs(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> None:
+    # Run by diffusers only when DIFFUSERS_ATTN_CHECKS is set; the call itself checks everything.
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.ndim != 4:
+            raise ValueError(f"{name} must be [batch, seq_len, heads, head_dim], got shape {tuple(t.shape)}")
+    if query.shape[-1] != key.shape[-1] or key.shape[1] != value.shape[1]:
+        raise ValueError(
+            f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)} disagree"
+        )
+
+
+def _backend_fn(name: str) -> Any:
+    # diffusers passes only the keyword arguments named in this signature.
+    def mxattention_backend(
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+        return_lse: bool = False,
+        _parallel_config: Any = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        return _attention(
+            _registry[name],
+            query,
+            key,
+            value,
+            attn_mask,
+            dropout_p,
+            is_causal,
+            scale,
+            enable_gqa,
+            return_lse,
+            _parallel_config,
+        )
+
+    mxattention_backend.__qualname__ = mxattention_backend.__name__ = f"mxattention_backend[{name}]"
+    return mxattention_backend
+
+
+def register_diffusers_backend(
+    method: str | AttentionConfig = "mxattention",
+    name: str | None = None,
+    policy: PrecisionPolicy | None = None,
+) -> str:
+    """Register (or re-point) the diffusers backend `name` running `method`; returns the name.
+
+    `name` defaults to `backend_name(method)`; it must be lower case (diffusers lower-cases names).
+    Calling again with the same method and policy object does nothing; with others it re-points the
+    name (and restarts its stats). `policy` keeps chosen calls in high precision; attach its hooks
+    with `policy.attach(transformer_or_pipeline)`.
+    """
+    cfg = get_method(method)
+    if policy is not None and not isinstance(policy, PrecisionPolicy):
+        raise TypeError(f"policy must be a PrecisionPolicy or None, got {type(policy).__name__}")
+    name = backend_name(cfg) if name is None else name
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ValueError(f"backend name must be lower case letters, digits, '_' or '-', got {name!r}")
+    with _lock:
+        old = _registry.get(name)
+        if old is None and name in _ad.AttentionBackendName._value2member_map_:
+            raise ValueError(f"{name!r} is one of diffusers' own attention backends; choose another name")
+        if old is not None and old.method == cfg and old.policy is policy:
+            return name
+        member = _enum_member(name)
+        _registry[name] = _Registration(name, cfg, policy)
+        if old is None:
+            _ad._AttentionBackendRegistry.register(
+                member, constraints=[_check_inputs], supports_context_parallel=True
+            )(_backend_fn(name))
+    return name
+
+
+def register_preset_backends(policy: PrecisionPolicy | None = None) -> list[str]:
+    """Register one backend per preset ("mxattention", "mxattention_fp", "mxattention_mxfp4_ocp", ...)."""
+    return [register_diffusers_backend(m, policy=policy) for m in PRESETS]
+
+
+def _get(name: str) -> _Registration:
+    try:
+        return _registry[name]
+    except KeyError:
+        raise ValueError(f"no mxattention backend named {name!r}; registered: {sorted(_registry)}") from None
+
+
+def backend_stats(name: str = DEFAULT_NAME) -> dict[str, Any]:
+    """Counts of the backend `name`: routed / high_precision / fallback (by reason) calls, masks seen
+    as {(dtype, shape): calls}, and the method it runs."""
+    reg = _get(name)
+    return {**reg.stats.as_dict(), "method": reg.method.name}
+
+
+def reset_backend_stats(name: str = DEFAULT_NAME) -> None:
+    _get(name).stats.reset()

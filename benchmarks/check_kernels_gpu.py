@@ -40,10 +40,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="benchmarks/results", help="folder for check_kernels_gpu.json")
     args = ap.parse_args(argv)
-    from tests.kernels.helpers import compare, qkv
-
     import mxattention as mx
     from mxattention.kernels import op
+    from tests.kernels.helpers import compare, qkv
 
     report, ok = {"gpu": torch.cuda.get_device_name(), "cases": []}, True
     for label, method, (b, hq, hk, lq, lk, d), extra in CASES:
@@ -57,9 +56,8 @@ def main(argv=None) -> int:
             mask = torch.randn(1, 1, lq, lk) * 2
         if extra.get("hard"):
             # Ties, powers of two, q * 2**k boundaries and tiny blocks in Q, K and V (scaled to sane scores).
-            from tests.formats.hard_values import hard_values
-
             from mxattention.formats.ladders import E2M1
+            from tests.formats.hard_values import hard_values
 
             hv = [hard_values(E2M1, b * hk * lk * d, seed=s).view(b, hk, lk, d) for s in (1, 2, 3)]
             hv = [torch.where(t.abs() < 1e4, t, 0.0) for t in hv]

@@ -134,7 +134,7 @@ def _worker(rank: int, world: int, args: argparse.Namespace, tmp: str) -> None:
                     return dispatch_attention_fn(ql, kl, vl, backend=backend, parallel_config=pc)
 
                 counter.sent = 0
-                out = run()
+                out = run().contiguous()
                 sent = counter.sent
                 ms = _time(run, dev, sync_group=True)
                 gathered = [torch.empty_like(out) for _ in range(world)] if rank == 0 else None

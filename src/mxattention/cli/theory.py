@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from mxattention.eval.plots import plot_figure2, theory_q_grid
 from mxattention.formats.ladders import LADDERS, get_ladder
 from mxattention.theory import (
     Interval,
@@ -34,7 +35,6 @@ NAME = "theory"
 HELP = "rule table and optimal scaling boundary (why 7.25), optionally Figure 2"
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 TABLE_GRID_STEPS = 40  # 6.00..8.00 step 0.05 for e2m1, as in the paper's sweep
-PLOT_GRID_STEPS = 400
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,12 +50,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--all-elems", action="store_true", help="print the rule table of every ladder")
     parser.add_argument("--plot", metavar="PATH", help=f"save Figure 2 ({'/'.join(PLOT_SUFFIXES)})")
     parser.add_argument("--json", metavar="PATH", help="write the numbers as JSON")
-
-
-def q_grid(elem: str, steps: int) -> np.ndarray:
-    """Boundaries from the ladder's max (TFS) to 2^(emax+1) (OCP's range end): 6..8 for e2m1."""
-    lad = get_ladder(elem)
-    return np.linspace(lad.max_value, 2.0 ** (lad.emax + 1), steps + 1)
 
 
 def _interval_json(iv: Interval | None) -> dict[str, Any] | None:
@@ -83,7 +77,7 @@ def _row_json(row: RuleRow) -> dict[str, Any]:
 
 
 def _objective_curves(elem: str, densities: dict[str, PhaseDensity]) -> dict[str, Any]:
-    qs = q_grid(elem, TABLE_GRID_STEPS)
+    qs = theory_q_grid(elem, TABLE_GRID_STEPS)
     return {
         "q": qs.tolist(),
         "densities": {
@@ -136,41 +130,6 @@ def _format_boundaries() -> str:
         exact = optimal_boundary_exact(name)
         lines.append(f"  {name}  q* = {optimal_boundary(name)!r:<20} exactly {exact}")
     return "\n".join(lines)
-
-
-def plot_figure2(path: Path, elem: str = "e2m1", densities: dict[str, PhaseDensity] | None = None) -> None:
-    """Save Figure 2: J(q) / min J - 1 per density over q in [max, 2^(emax+1)], q* marked.
-
-    Needs matplotlib (imported here so the rest of the package does not).
-    """
-    from matplotlib.figure import Figure  # Figure + savefig uses the Agg canvas, no pyplot state
-
-    dens = figure_densities() if densities is None else densities
-    qs = q_grid(elem, PLOT_GRID_STEPS)
-    q_star = optimal_boundary(elem)
-    t = np.linspace(0.0, 1.0, 401)
-    fig = Figure(figsize=(10.0, 4.0), layout="constrained")
-    ax_h, ax_j = fig.subplots(1, 2, width_ratios=(1.0, 1.6))
-    for name, d in dens.items():
-        (line,) = ax_h.plot(t, d.H(t), label=name)
-        vals = np.asarray(J(qs, elem, d))
-        q_min = brute_force_boundary(elem, d, qs)
-        rel = 100.0 * (vals / vals.min() - 1.0)
-        ax_j.plot(qs, rel, color=line.get_color(), label=f"{name} (grid min {q_min:g})")
-        ax_j.plot(
-            [q_min], [100.0 * (float(J(q_min, elem, d)) / vals.min() - 1.0)], "o", color=line.get_color()
-        )
-    ax_h.axvline(np.log2(q_star) % 1.0, color="black", linestyle=":", linewidth=1.0, label="phase of q*")
-    ax_h.set(xlabel="phase t = log2(M) mod 1", ylabel="H(t)", title="phase densities")
-    ax_h.legend(fontsize="small")
-    ax_j.axvline(q_star, color="black", linestyle="--", linewidth=1.0, label=f"q* = {q_star:g}")
-    ax_j.set(
-        xlabel="boundary q (normalized block max in (q/2, q])",
-        ylabel="J(q) / min J - 1  (%)",
-        title=f"UOS objective, {get_ladder(elem).name}: same minimum for every density",
-    )
-    ax_j.legend(fontsize="small")
-    fig.savefig(path, dpi=150)
 
 
 def _check_output(parser: argparse.ArgumentParser, option: str, value: str | None) -> Path | None:

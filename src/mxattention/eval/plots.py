@@ -5,6 +5,7 @@
 - `plot_rowsums`: the paper's Figure 7 (C, D): row sums of directly quantized P against row
   entropy, and the row-sum histogram of direct quantization against the global-scaling baseline.
 - `plot_method_bars`: one number per method (e.g. PSNR) as bars.
+- `plot_figure2`: the paper's Figure 2, the UOS objective J(q) for several phase densities.
 matplotlib is imported inside each function so the core package does not need it.
 """
 
@@ -13,7 +14,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
+
+from mxattention.formats.ladders import get_ladder
+from mxattention.theory import J as objective_J
+from mxattention.theory import PhaseDensity, brute_force_boundary, figure_densities, optimal_boundary
 
 
 def _figure(w: float, h: float):
@@ -99,3 +105,47 @@ def plot_method_bars(values: Mapping[str, float], path: Path, *, ylabel: str, ti
     ax.set(ylabel=ylabel, title=title)
     ax.grid(axis="y", alpha=0.3)
     fig.savefig(path, dpi=130)
+
+
+def theory_q_grid(elem: str, steps: int) -> np.ndarray:
+    """Boundaries from the ladder's max (TFS) to 2^(emax+1) (OCP's range end): 6..8 for e2m1."""
+    lad = get_ladder(elem)
+    return np.linspace(lad.max_value, 2.0 ** (lad.emax + 1), steps + 1)
+
+
+def plot_figure2(path: Path, elem: str = "e2m1", densities: dict[str, PhaseDensity] | None = None) -> None:
+    """Save Figure 2: J(q) / min J - 1 per density over q in [max, 2^(emax+1)], q* marked.
+
+    Needs matplotlib (imported here so the rest of the package does not).
+    """
+    from matplotlib.figure import Figure  # Figure + savefig uses the Agg canvas, no pyplot state
+
+    dens = figure_densities() if densities is None else densities
+    qs = theory_q_grid(elem, 400)
+    q_star = optimal_boundary(elem)
+    t = np.linspace(0.0, 1.0, 401)
+    fig = Figure(figsize=(10.0, 4.0), layout="constrained")
+    ax_h, ax_j = fig.subplots(1, 2, width_ratios=(1.0, 1.6))
+    for name, d in dens.items():
+        (line,) = ax_h.plot(t, d.H(t), label=name)
+        vals = np.asarray(objective_J(qs, elem, d))
+        q_min = brute_force_boundary(elem, d, qs)
+        rel = 100.0 * (vals / vals.min() - 1.0)
+        ax_j.plot(qs, rel, color=line.get_color(), label=f"{name} (grid min {q_min:g})")
+        ax_j.plot(
+            [q_min],
+            [100.0 * (float(objective_J(q_min, elem, d)) / vals.min() - 1.0)],
+            "o",
+            color=line.get_color(),
+        )
+    ax_h.axvline(np.log2(q_star) % 1.0, color="black", linestyle=":", linewidth=1.0, label="phase of q*")
+    ax_h.set(xlabel="phase t = log2(M) mod 1", ylabel="H(t)", title="phase densities")
+    ax_h.legend(fontsize="small")
+    ax_j.axvline(q_star, color="black", linestyle="--", linewidth=1.0, label=f"q* = {q_star:g}")
+    ax_j.set(
+        xlabel="boundary q (normalized block max in (q/2, q])",
+        ylabel="J(q) / min J - 1  (%)",
+        title=f"UOS objective, {get_ladder(elem).name}: same minimum for every density",
+    )
+    ax_j.legend(fontsize="small")
+    fig.savefig(path, dpi=150)

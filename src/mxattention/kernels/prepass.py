@@ -69,6 +69,21 @@ def _decode(codes, e, AXIS: tl.constexpr):
 
 
 @triton.jit
+def _load_tile(
+    X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL: tl.constexpr, DP: tl.constexpr
+):
+    """Rows [pid*BL, pid*BL + BL) x columns [0, DP) of head bh of X [B, H, L, D], fp32, zero-padded."""
+    b = bh // H
+    h = bh % H
+    rows = pid * BL + tl.arange(0, BL)
+    cols = tl.arange(0, DP)
+    ptrs = X + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
+    ptrs = ptrs + rows[:, None].to(tl.int64) * stride_l + cols[None, :] * stride_d
+    x = tl.load(ptrs, mask=(rows[:, None] < L) & (cols[None, :] < D), other=0.0).to(tl.float32)
+    return x, rows, cols
+
+
+@triton.jit
 def _qk_prepass_kernel(
     X,
     Codes,
@@ -93,13 +108,7 @@ def _qk_prepass_kernel(
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    rows = pid * BL + tl.arange(0, BL)
-    cols = tl.arange(0, DP)
-    ptrs = X + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
-    ptrs = ptrs + rows[:, None].to(tl.int64) * stride_l + cols[None, :] * stride_d
-    x = tl.load(ptrs, mask=(rows[:, None] < L) & (cols[None, :] < D), other=0.0).to(tl.float32)
+    x, rows, cols = _load_tile(X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL, DP)
     if ROTATE:
         # Butterfly level i pairs columns (j, j + 2**i) inside blocks of 2**(i+1), as rotation.fwht.
         for i in tl.static_range(ROT_LEVELS):
@@ -140,13 +149,7 @@ def _v_prepass_kernel(
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    rows = pid * BL + tl.arange(0, BL)
-    cols = tl.arange(0, DP)
-    ptrs = X + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
-    ptrs = ptrs + rows[:, None].to(tl.int64) * stride_l + cols[None, :] * stride_d
-    x = tl.load(ptrs, mask=(rows[:, None] < L) & (cols[None, :] < D), other=0.0).to(tl.float32)
+    x, rows, cols = _load_tile(X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL, DP)
     codes, scales, e = _cast_blocks(tl.reshape(x, [BL // 32, 32, DP]), CEIL, Q_EXP, Q_MANT, 1)
     if OUT_BF16:
         vals = tl.reshape(_decode(codes, e, 1), [BL, DP])

@@ -39,8 +39,10 @@ def attn_fn_for(method: str) -> Callable[..., torch.Tensor]:
 
 def layer_errors(layers: Sequence[LayerQKV], methods: Sequence[str]) -> dict[str, list[float]]:
     """rel-L2 error of each method's attention output, per layer (in order)."""
+    from tqdm.auto import tqdm
+
     per: dict[str, list[float]] = {m: [] for m in methods}
-    for layer in layers:
+    for layer in tqdm(layers, desc="layer errors", leave=False):
         rows = method_errors(layer.q, layer.k, layer.v, methods, attn_mask=layer.attn_mask, scale=layer.scale)
         for r in rows:
             per[r.method].append(r.rel_l2)
@@ -100,7 +102,9 @@ def terrain_part(methods: Sequence[str], seeds: Sequence[int]) -> dict:
     ref = generate_heightmaps(seeds, attn_fn=attn_fn_for("fp"))
     quality: dict[str, dict] = {}
     maps: dict[str, torch.Tensor] = {"fp": ref}
-    for m in methods:
+    from tqdm.auto import tqdm
+
+    for m in tqdm(methods, desc="terrain heightmaps", leave=False):
         hm = ref if m == "fp" else generate_heightmaps(seeds, attn_fn=attn_fn_for(m))
         maps[m] = hm
         psnr, ssim = [], []

@@ -5,10 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+# With TORCH_SPEC=skip the venv sees the interpreter's own packages, so its torch is the one used.
+VENV_ARGS=()
+[ "$TORCH_SPEC" = skip ] && VENV_ARGS=(--system-site-packages)
+[ -x .venv/bin/python ] || "$PY" -m venv "${VENV_ARGS[@]}" .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
-TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 if [ "$TORCH_SPEC" != skip ]; then
   python -m pip install -q "$TORCH_SPEC"
 fi

@@ -60,7 +60,7 @@ def run_demo(
     """Run the demo; write report.md, study.json and PNG figures under `out`; return the results."""
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    res = run_study(out, methods, n_texts, seeds, argv)
+    res = run_study(out, methods, n_texts, seeds, command=("mxattention demo " + " ".join(argv)).strip())
     maps = torch.load(out / "study_heightmaps.pt")
     plot_heightmaps(maps, out / "heightmaps.png")
     plot_layer_errors(

@@ -278,7 +278,7 @@ def run_study(
         else torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "command": ("python -m mxattention.eval.study " + " ".join(argv)).strip(),
+        "command": command or ("python -m mxattention.eval.study " + " ".join(argv)).strip(),
         "seconds": time.perf_counter() - t0,
     }
     out.mkdir(parents=True, exist_ok=True)

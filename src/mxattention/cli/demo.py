@@ -45,7 +45,17 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     out = Path(args.out)
-    res = run_demo(out, args.methods, args.texts, args.seeds, argv=sys.argv[2:])
+    flags = [
+        "--out",
+        str(out),
+        "--texts",
+        str(args.texts),
+        "--seeds",
+        *map(str, args.seeds),
+        "--methods",
+        *args.methods,
+    ]
+    res = run_demo(out, args.methods, args.texts, args.seeds, argv=flags)
     print(summary_table(res))
     print(f"\nreport: {out / 'report.md'}  ({res['meta']['demo_seconds']:.0f} s)")
     return 0

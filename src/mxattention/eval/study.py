@@ -266,8 +266,12 @@ def run_study(
     n_texts: int = 16,
     seeds: Sequence[int] = (0, 1, 2, 3),
     argv: Sequence[str] = (),
+    command: str | None = None,
 ) -> dict:
-    """Run both models, write study.json and study.md under `out`, return the results."""
+    """Run both models, write study.json and study.md under `out`, return the results.
+
+    `command` is recorded as the command that reproduces the run (default: this module with `argv`).
+    """
     t0 = time.perf_counter()
     res = {"minilm": minilm_part(methods, n_texts), "terrain": terrain_part(methods, seeds)}
     maps = res["terrain"].pop("_maps")

@@ -23,12 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from mxattention.attention.config import list_methods
+    from mxattention.cli._args import check_methods
     from mxattention.eval.bench import bench_methods
 
-    bad = [m for m in args.methods if m not in list_methods()]
-    if bad:
-        args.parser.error(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(list_methods())}")
+    check_methods(args.parser, args.methods)
     if min(args.shape) < 1 or args.repeat < 1:
         args.parser.error("--shape entries and --repeat must be >= 1")
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -27,11 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from mxattention.attention.config import list_methods
+    from mxattention.cli._args import check_methods
 
-    bad = [m for m in args.methods if m not in list_methods()]
-    if bad:
-        args.parser.error(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(list_methods())}")
+    check_methods(args.parser, args.methods)
     if "fp" not in args.methods:
         args.methods = ["fp", *args.methods]
     if args.texts < 1 or not args.seeds:

@@ -74,12 +74,10 @@ def _load_layers(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from mxattention.attention.config import list_methods
+    from mxattention.cli._args import check_methods
     from mxattention.eval.diagnostics import method_errors, q_sweep, rowsum_study
 
-    bad = [m for m in args.methods if m not in list_methods()]
-    if bad:
-        args.parser.error(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(list_methods())}")
+    check_methods(args.parser, args.methods)
     try:
         layers = _load_layers(args)
     except ImportError as exc:

@@ -51,12 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from mxattention.attention.config import list_methods
+    from mxattention.cli._args import check_methods
 
-    known = [*list_methods(), "fp-native"]
-    bad = [m for m in [*args.methods, args.reference] if m not in known]
-    if bad:
-        args.parser.error(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(known)}")
+    check_methods(args.parser, [*args.methods, args.reference], extra=["fp-native"])
     if not args.prompts.is_file():
         args.parser.error(f"--prompts {args.prompts}: no such file")
     prompts = [p.strip() for p in args.prompts.read_text().splitlines() if p.strip()]

@@ -92,7 +92,6 @@ def run_shape(label, shape, args, log):
         "mx_ocp_direct": lambda: fused_attention(q, k, v, ocp, scale=scale),
         "mx_full": lambda: fused_attention(q, k, v, full, scale=scale),
         "mx_full_packed_kv": lambda: fused_attention(q, k, v, full, scale=scale, kv_layout="packed"),
-        "mx_full_split": lambda: fused_attention(q, k, v, full, scale=scale, split_p=True),
         "prepass_ocp": lambda: (
             prepass_qk(q, "ocp", hadamard=False),
             prepass_qk(k, "ocp", hadamard=False, out_bf16=True),
@@ -147,16 +146,16 @@ def sweep(args, log):
     out = torch.empty_like(q)
     pr = rule_constants("uos")
     results = []
-    variants = [("bf16", bm, w, st, 0, split) for bm, w, st in args.tiles for split in (True, False)]
-    variants += [("bf16", 128, 8, 3, 1, True), ("bf16", 128, 8, 3, 1, False), ("packed", 128, 8, 3, 0, True)]
-    for layout, bm, w, st, ablate, split in variants:
+    variants = [("bf16", bm, w, st, 0) for bm, w, st in args.tiles]
+    variants += [("bf16", 128, 8, 3, 1), ("packed", 128, 8, 3, 0)]
+    for layout, bm, w, st, ablate in variants:
         kp, vp = operands[layout]
 
-        def f(bm=bm, w=w, st=st, ablate=ablate, kp=kp, vp=vp, split=split):
+        def f(bm=bm, w=w, st=st, ablate=ablate, kp=kp, vp=vp):
             return mx_attention_fwd(
                 qp, kp, vp, lq=lq, lk=lk, dv=d, group=1, out=out, p_rule=(pr.ceil, pr.q_exp, pr.q_mant),
                 pnq=True, block_n=cfg.block_n, scale=d**-0.5, matrix_path="bf16", block_m=bm,
-                num_warps=w, num_stages=st, ablate=ablate, split_p=split,
+                num_warps=w, num_stages=st, ablate=ablate,
             )  # fmt: skip
 
         row = {
@@ -165,7 +164,6 @@ def sweep(args, log):
             "num_warps": w,
             "num_stages": st,
             "ablate": ablate,
-            "split": split,
         }
         try:
             ms, _ = _bench(f, args.rep_ms)
@@ -197,8 +195,8 @@ def markdown(report) -> str:
             lines.append(f"| {s['label']} | {s['H']} | {s['Lq']} | {s['Lk']} | {s['D']} | {name} | {cells} |")
     lines += [
         "",
-        "| shape | full / cuDNN speed | full split-P / cuDNN | full (packed K/V) / cuDNN | full / flash speed | full vs direct-OCP | full vs reference |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| shape | full / cuDNN speed | full (packed K/V) / cuDNN | full / flash speed | full vs direct-OCP | full vs reference |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for s in report["shapes"]:
         r = s["rows"]
@@ -207,11 +205,15 @@ def markdown(report) -> str:
             return r.get(n, {}).get("ms", math.nan)
 
         lines.append(
-            f"| {s['label']} | {ms('sdpa_cudnn') / ms('mx_full'):.2f}x | {ms('sdpa_cudnn') / ms('mx_full_split'):.2f}x | "
+            f"| {s['label']} | {ms('sdpa_cudnn') / ms('mx_full'):.2f}x | "
             f"{ms('sdpa_cudnn') / ms('mx_full_packed_kv'):.2f}x | "
             f"{ms('sdpa_flash') / ms('mx_full'):.2f}x | "
             f"{100 * (ms('mx_full') / ms('mx_ocp_direct') - 1):+.1f} % | "
-            + ("not run (too slow at this size) |" if math.isnan(ms("reference")) else f"{ms('reference') / ms('mx_full'):.0f}x |")
+            + (
+                "not run (too slow at this size) |"
+                if math.isnan(ms("reference"))
+                else f"{ms('reference') / ms('mx_full'):.0f}x |"
+            )
         )
     if report.get("sweep"):
         lines += [
@@ -219,12 +221,12 @@ def markdown(report) -> str:
             f"Attention kernel alone at {report['sweep']['shape']} (bf16 path; ablate 1: P~ not cast)",
             "",
         ]
-        lines += ["| K/V | block_m | warps | stages | ablate | split P | ms | TFLOP/s |"]
-        lines += ["| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += ["| K/V | block_m | warps | stages | ablate | ms | TFLOP/s |"]
+        lines += ["| --- | --- | --- | --- | --- | --- | --- |"]
         for r in report["sweep"]["rows"]:
             res = f"{r['ms']:.3f} | {r['tflops']:.1f}" if "ms" in r else f"error: {r['error'][:80]} |"
             lines.append(
-                f"| {r['kv']} | {r['block_m']} | {r['num_warps']} | {r['num_stages']} | {r['ablate']} | {r['split']} | {res} |"
+                f"| {r['kv']} | {r['block_m']} | {r['num_warps']} | {r['num_stages']} | {r['ablate']} | {res} |"
             )
     return "\n".join(lines) + "\n"
 

@@ -3,7 +3,9 @@
 Run from the repository root: `PYTHONPATH=src:. python benchmarks/check_kernels_gpu.py --out DIR`.
 For each case: rel-L2 of kernel vs reference, the method's own quantization error (reference vs
 fp32 attention), the number of Q(P~) decisions that differ, max |lse| difference; then
-`torch.compile(fullgraph=True)` and CUDA-graph capture of the public function. Writes JSON.
+`torch.compile(fullgraph=True)` and CUDA-graph capture of the public function; then an exhaustive
+check that the kernel's exp2 is monotone on every fp32 in [-160, 0] (the attention kernel takes
+each P~ block max as exp2 of the score block max). Writes JSON.
 Exits 1 if a bound of tests/kernels/test_attention_kernel.py is broken.
 """
 
@@ -17,6 +19,10 @@ import warnings
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
+
+from mxattention.attention.config import get_method
 
 CASES = [
     # label, method, (B, Hq, Hkv, Lq, Lk, D), extras
@@ -31,9 +37,32 @@ CASES = [
     ("full-4k-dot_scaled", "mxattention", (1, 4, 4, 2048, 2048, 128), {"matrix_path": "dot_scaled"}),
     ("full-4k-packed-kv", "mxattention", (1, 8, 8, 4096, 4096, 128), {"kv_layout": "packed"}),
     ("full-hard-values", "mxattention", (1, 4, 4, 2048, 2048, 128), {"hard": True}),
-    ("full-4k-split", "mxattention", (1, 8, 8, 4096, 4096, 128), {"split_p": True}),
-    ("full-keymask-split", "mxattention", (2, 4, 4, 2048, 2500, 128), {"key_mask": True, "split_p": True}),
+    (
+        "full-causal-bn32",
+        get_method("mxattention").with_tiles(block_n=32),
+        (1, 4, 4, 3000, 3000, 128),
+        {"is_causal": True},
+    ),
+    ("ocp-causal-gqa", "mxfp4-ocp", (1, 8, 2, 2500, 2500, 64), {"is_causal": True}),
 ]
+
+
+@triton.jit
+def _exp2_monotone_kernel(Count, n, BLOCK: tl.constexpr):
+    k = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = -(k.to(tl.float32, bitcast=True))  # k = 0, 1, ...: 0, -tiny, ..., decreasing
+    y = -((k + 1).to(tl.float32, bitcast=True))
+    bad = (tl.math.exp2(y) > tl.math.exp2(x)) & (k < n)
+    tl.atomic_add(Count, tl.sum(bad.to(tl.int32)))
+
+
+def exp2_monotone_violations(lo: float = -160.0, device: str = "cuda") -> dict:
+    """Count x in [lo, 0] (every fp32) where exp2(next float below x) > exp2(x), with tl.math.exp2."""
+    n = int(torch.tensor([-lo], dtype=torch.float32).view(torch.int32).item())
+    count = torch.zeros(1, dtype=torch.int32, device=device)
+    block = 4096
+    _exp2_monotone_kernel[(triton.cdiv(n, block),)](count, n, BLOCK=block)
+    return {"checked": n, "range": [lo, 0.0], "violations": int(count.item())}
 
 
 def main(argv=None) -> int:
@@ -66,7 +95,6 @@ def main(argv=None) -> int:
             c = compare(
                 q, k, v, method, mask=mask, is_causal=extra.get("is_causal", False), device="cuda",
                 matrix_path=extra.get("matrix_path"), kv_layout=extra.get("kv_layout"),
-                split_p=extra.get("split_p"),
             )  # fmt: skip
             row = {
                 "rel_l2": c.rel_l2, "quant_rel_l2": c.quant_rel_l2, "lse_max_abs": c.lse_max_abs,
@@ -79,7 +107,10 @@ def main(argv=None) -> int:
         except Exception as e:
             row = {"error": f"{type(e).__name__}: {str(e)[:400]}", "pass": False}
         row.update(
-            label=label, method=method, shape=[b, hq, hk, lq, lk, d], seconds=round(time.time() - t0, 1)
+            label=label,
+            method=str(getattr(method, "name", method)),
+            shape=[b, hq, hk, lq, lk, d],
+            seconds=round(time.time() - t0, 1),
         )
         ok &= row["pass"]
         print(json.dumps(row), flush=True)
@@ -107,6 +138,8 @@ def main(argv=None) -> int:
     except Exception as e:
         report["compile_graph_error"] = f"{type(e).__name__}: {str(e)[:400]}"
     ok &= bool(report.get("compile_fullgraph_equal")) and bool(report.get("cuda_graph_equal"))
+    report["exp2_monotone"] = exp2_monotone_violations()
+    ok &= report["exp2_monotone"]["violations"] == 0
     print({k: v for k, v in report.items() if k != "cases"}, flush=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "check_kernels_gpu.json").write_text(json.dumps(report, indent=1))

@@ -56,7 +56,6 @@ def compare(
     matrix_path: str | None = None,
     block_m: int | None = None,
     kv_layout: str | None = None,
-    split_p: bool | None = None,
 ) -> Comparison:
     """Kernel vs `reference_attention` on [B, H, L, D] inputs (kv heads repeated for the reference).
 
@@ -78,7 +77,6 @@ def compare(
         matrix_path=matrix_path,
         block_m=block_m,
         kv_layout=kv_layout,
-        split_p=split_p,
         debug_p=True,
     )
     out, lse, p_dbg = out.float(), lse, p_dbg

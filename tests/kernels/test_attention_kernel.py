@@ -104,33 +104,29 @@ def test_half_inputs(device):
     _check(compare(q, k, v, "mxattention", device=device), "bf16 in")
 
 
-@pytest.mark.parametrize(
-    "layout,split", [("packed", False), ("bf16", False), ("packed", True), ("bf16", True)]
-)
-def test_matrix_paths_agree(layout, split, device):
-    """dot_scaled on bytes, and the bf16 path on bytes or bf16 K^, V^, whole or in 32-key column
-    blocks: the same function (block_n = 128; a causal mask exercises the split masking)."""
+@pytest.mark.parametrize("layout", ["packed", "bf16"])
+def test_matrix_paths_agree(layout, device):
+    """dot_scaled on bytes, and the bf16 path on bytes or bf16 K^, V^: the same function."""
     q, k, v = qkv(1, 2, 2, 64, 160, 64, seed=9)
     a = compare(q, k, v, "mxattention", device=device, matrix_path="dot_scaled")
-    b = compare(q, k, v, "mxattention", device=device, matrix_path="bf16", kv_layout=layout, split_p=split)
+    b = compare(q, k, v, "mxattention", device=device, matrix_path="bf16", kv_layout=layout)
     _check(a, "dot_scaled")
-    _check(b, f"bf16/{layout}/split={split}")
+    _check(b, f"bf16/{layout}")
     rel = ((a.out - b.out).norm() / a.out.norm()).item()
     print(f"paths: rel-L2 {rel:.2e}")
     assert rel <= 1e-5
     assert int((a.lse != b.lse).sum()) <= a.lse.numel() // 100
 
 
-def test_split_with_masks_and_causal(device):
-    q, k, v = qkv(1, 2, 2, 100, 300, 64, seed=13)
-    mask = torch.rand(1, 2, 100, 300, generator=torch.Generator().manual_seed(1)) > 0.3
-    _check(
-        compare(q, k, v, "mxattention", mask=mask, matrix_path="bf16", split_p=True, device=device),
-        "split mask",
-    )
-    _check(
-        compare(
-            q, k, v, "mxfp4-ocp", is_causal=True, matrix_path="bf16", split_p=True, device=device, block_m=64
-        ),
-        "split causal",
-    )
+@pytest.mark.parametrize("path", ["bf16", "dot_scaled"])
+def test_full_and_masked_tiles(path, device):
+    """Tiles below the causal diagonal and before the padded tail take the unmasked fast path, the
+    others the masked one; both paths and their hand-over agree with the reference (block_n 32:
+    many tiles of each kind per program)."""
+    cfg = get_method("mxattention").with_tiles(block_n=32)
+    q, k, v = qkv(1, 2, 2, 200, 200, 64, seed=13)
+    _check(compare(q, k, v, cfg, is_causal=True, matrix_path=path, block_m=64, device=device), "causal")
+    q, k, v = qkv(1, 2, 2, 70, 250, 64, seed=14)
+    _check(compare(q, k, v, cfg, matrix_path=path, device=device), "tail")
+    mask = torch.rand(1, 2, 70, 250, generator=torch.Generator().manual_seed(1)) > 0.3
+    _check(compare(q, k, v, cfg, mask=mask, matrix_path=path, device=device), "bool mask")

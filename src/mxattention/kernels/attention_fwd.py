@@ -11,9 +11,15 @@ keys, in the names of SPEC section 3 and `attention.reference`:
     o_tilde = alpha o_tilde + p_hat V^_j      O       = o_tilde / l,  lse = m + log l
 
 Scores are kept in log2 units (scale * log2 e folded in, exp2 for exp): P~ agrees with the
-reference's exp to a few fp32 ulps. The exponent of each 32-key block of p_tilde comes from the
-bits of its fp32 maximum (`cast.shared_exponent`), the rounding from the float adder
-(`cast.e2m1_round`), so Q(P~) is decided exactly as `formats.fake_quantize` decides it.
+reference's exp to a few fp32 ulps. The block max of each 32 keys of p_tilde is exp2 of the
+block max of the scores (exp2 is monotone; checked exhaustively on the H200), its scale comes from
+the bits (`cast.block_scale`), the rounding from the float adder (`cast.e2m1_round`), so Q(P~) is
+decided exactly as `formats.fake_quantize` decides it. The kernel is compiled without fp
+contraction: s * scale - m must round twice, as the reference's S - m does, so the row max gets
+exactly p_tilde = 1 (a fused multiply-add would leave it an ulp off and move the floor rule's scale).
+
+Speed notes (H200, benchmarks/NOTES.md): the P~ cast is ALU work on the same issue slots as the
+softmax, so every instruction per score counts; tiles whose keys are all valid skip the mask select.
 
 Two matrix paths with the same numerics (every product of two dequantized MXFP4 values is exact in
 fp32; only the fp32 summation order differs):
@@ -32,7 +38,14 @@ import math
 import torch
 
 from mxattention.kernels._triton import kernels_interpreted, tl, triton
-from mxattention.kernels.cast import dequant_e2m1, e2m1_round, exp2_int, pack_nibbles, shared_exponent
+from mxattention.kernels.cast import (
+    block_scale,
+    dequant_e2m1,
+    e2m1_round,
+    exp2_int,
+    pack_nibbles,
+    shared_exponent,
+)
 
 MATRIX_PATHS = ("bf16", "dot_scaled")
 LOG2E = 1.0 / math.log(2.0)
@@ -58,18 +71,6 @@ def _mask_scores(
 
 
 @triton.jit
-def _k_hat(
-    Kx, Kc, Ks, k_rows, NC: tl.constexpr, DQ: tl.constexpr, KV_BF16: tl.constexpr, DOT_T: tl.constexpr
-):
-    """K^ rows k_rows ([NC, 1] int64) as a [NC, DQ] dot operand."""
-    if KV_BF16:
-        return tl.load(Kx + k_rows * DQ + tl.arange(0, DQ)[None, :]).to(DOT_T)
-    codes = tl.load(Kc + k_rows * (DQ // 2) + tl.arange(0, DQ // 2)[None, :])
-    scales = tl.load(Ks + k_rows * (DQ // 32) + tl.arange(0, DQ // 32)[None, :])
-    return dequant_e2m1(codes, scales, NC, DQ).to(DOT_T)
-
-
-@triton.jit
 def _v_hat(
     Vx,
     Vc,
@@ -92,10 +93,110 @@ def _v_hat(
 
 
 @triton.jit
-def _cast_p32(p_tilde, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constexpr):
-    """Q(P~) of a [BM, 32] tile: one MX block per row, no reshape."""
-    e = shared_exponent(tl.max(p_tilde, 1), CEIL, Q_EXP, Q_MANT)
-    return e2m1_round(p_tilde, exp2_int(e)[:, None])
+def _attend_tile(
+    m,
+    l,
+    o_tilde,
+    q_hat,
+    q_codes,
+    q_scales,
+    start_n,
+    offs_m,
+    Kc,
+    Ks,
+    Vc,
+    Vs,
+    Kx,
+    Vx,
+    k_base,
+    v_rows,
+    Pdbg,
+    dbg_row,
+    mask_base,
+    qk_scale,
+    Lq,
+    Lk,
+    stride_mm,
+    stride_mn,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    DQ: tl.constexpr,
+    DV: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    MASK_MODE: tl.constexpr,
+    PNQ: tl.constexpr,
+    CEIL: tl.constexpr,
+    Q_EXP: tl.constexpr,
+    Q_MANT: tl.constexpr,
+    DOT_SCALED: tl.constexpr,
+    DEBUG_P: tl.constexpr,
+    DOT_T: tl.constexpr,
+    KV_BF16: tl.constexpr,
+    ABLATE: tl.constexpr,
+):
+    """One key tile of Algorithm 1: (m, l, o_tilde) after keys [start_n, start_n + BN).
+
+    MASKED = False is the fast path for tiles whose keys are all valid for every row (no padding,
+    causal or user mask): the scores skip the select, the only difference.
+    """
+    offs_n = start_n + tl.arange(0, BN)
+    k_rows = k_base + offs_n[:, None]
+    if not KV_BF16:
+        k_codes = tl.load(Kc + k_rows * (DQ // 2) + tl.arange(0, DQ // 2)[None, :])
+        k_scales = tl.load(Ks + k_rows * (DQ // 32) + tl.arange(0, DQ // 32)[None, :])
+    if DOT_SCALED:
+        s = tl.dot_scaled(q_codes, q_scales, "e2m1", tl.trans(k_codes), k_scales, "e2m1")
+    elif KV_BF16:
+        k_hat = tl.load(Kx + k_rows * DQ + tl.arange(0, DQ)[None, :]).to(DOT_T)
+        s = tl.dot(q_hat, tl.trans(k_hat))
+    else:
+        s = tl.dot(q_hat, tl.trans(dequant_e2m1(k_codes, k_scales, BN, DQ).to(DOT_T)))
+    s = s * qk_scale
+    if MASKED:
+        s = _mask_scores(s, offs_m, offs_n, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, MASK_MODE)
+
+    # Block maxima come from the scores: s - m and exp2 are monotone, so exp2(max s - m) is the
+    # block max of p_tilde, and the row max is the max of the block maxima.
+    s3 = tl.reshape(s, [BM, BN // 32, 32])
+    s_blk = tl.max(s3, 2)
+    m_new = tl.maximum(m, tl.max(s_blk, 1))
+    # A row with every key so far masked keeps m = -inf; exp2(-inf - 0) = 0 keeps it empty.
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m - m_use)
+    p3 = tl.math.exp2(s3 - m_use[:, None, None])
+    p_blk = tl.math.exp2(s_blk - m_use[:, None])
+    if Q_EXP >= 1:
+        two_e = block_scale(p_blk, CEIL, Q_EXP, Q_MANT)
+    else:  # a boundary below 2: outside block_scale's domain
+        two_e = exp2_int(shared_exponent(p_blk, CEIL, Q_EXP, Q_MANT))
+    p_hat3 = e2m1_round(p3, two_e[:, :, None])
+    if ABLATE & 1:
+        p_hat3 = p3
+    p_hat = tl.reshape(p_hat3, [BM, BN])
+    if DEBUG_P:
+        tl.store(Pdbg + dbg_row + offs_n[None, :], p_hat, mask=offs_m[:, None] < Lq)
+    if PNQ:
+        l = alpha * l + tl.sum(p_hat, 1)
+    else:
+        l = alpha * l + tl.sum(tl.reshape(p3, [BM, BN]), 1)
+    o_tilde = o_tilde * alpha[:, None]
+
+    if DOT_SCALED:
+        v_codes = tl.load(Vc + v_rows // 2 + (start_n // 2 + tl.arange(0, BN // 2))[None, :])
+        v_scales = tl.load(Vs + v_rows // 32 + (start_n // 32 + tl.arange(0, BN // 32))[None, :])
+        # p_hat / 2**e is exactly on the E2M1 ladder; its bits give the code.
+        r = tl.reshape(p_hat3 / two_e[:, :, None], [BM, BN])
+        rb = r.to(tl.int32, bitcast=True)
+        code = tl.where(r >= 1.0, (((rb >> 23) - 126) << 1) | ((rb >> 22) & 1), (r * 2.0).to(tl.int32))
+        p_scales = (two_e.to(tl.int32, bitcast=True) >> 23).to(tl.uint8)
+        o_tilde = tl.dot_scaled(
+            pack_nibbles(code, BM, BN), p_scales, "e2m1", tl.trans(v_codes), v_scales, "e2m1", o_tilde
+        )
+    else:
+        v_hat = _v_hat(Vx, Vc, Vs, k_base, v_rows, start_n, BN, DV, KV_BF16, DOT_T)
+        o_tilde = tl.dot(p_hat.to(DOT_T), v_hat, o_tilde)
+    return m_new, l, o_tilde
 
 
 @triton.jit
@@ -143,7 +244,6 @@ def _mx_attention_fwd_kernel(
     DOT_T: tl.constexpr,
     KV_BF16: tl.constexpr,
     ABLATE: tl.constexpr = 0,
-    SPLIT: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -151,163 +251,45 @@ def _mx_attention_fwd_kernel(
     h = bh % H
     bhk = b * (H // GROUP) + h // GROUP  # GQA: the kv head, no copy
     offs_m = pid_m * BM + tl.arange(0, BM)
-    offs_n0 = tl.arange(0, BN)
-    offs_dq2 = tl.arange(0, DQ // 2)
-    offs_dq32 = tl.arange(0, DQ // 32)
     offs_dv = tl.arange(0, DV)
 
     q_rows = bh.to(tl.int64) * LQP + offs_m[:, None]
-    q_codes = tl.load(Qc + q_rows * (DQ // 2) + offs_dq2[None, :])
-    q_scales = tl.load(Qs + q_rows * (DQ // 32) + offs_dq32[None, :])
+    q_codes = tl.load(Qc + q_rows * (DQ // 2) + tl.arange(0, DQ // 2)[None, :])
+    q_scales = tl.load(Qs + q_rows * (DQ // 32) + tl.arange(0, DQ // 32)[None, :])
+    q_hat = q_codes  # unused by dot_scaled
     if not DOT_SCALED:
         q_hat = dequant_e2m1(q_codes, q_scales, BM, DQ).to(DOT_T)
 
     k_base = bhk.to(tl.int64) * LKP
     v_rows = (bhk.to(tl.int64) * DV + offs_dv[:, None]) * LKP
+    dbg_row = (bh.to(tl.int64) * Lq + offs_m[:, None]) * LKP
     m = tl.full([BM], float("-inf"), tl.float32)
     l = tl.zeros([BM], tl.float32)
     o_tilde = tl.zeros([BM, DV], tl.float32)
-
     mask_base = Mask + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
+
+    # Keys [0, full) are valid for every row of this program: no select on their scores.
     hi = Lk
+    full = 0
+    if MASK_MODE == 0:
+        full = Lk // BN * BN
     if CAUSAL:
         hi = tl.minimum(Lk, (pid_m + 1) * BM)
-    for start_n in tl.range(0, hi, BN):
-        if SPLIT:
-            # BN = 128 as four 32-key column blocks, one MX block of P~ per row each: the block
-            # maxima are plain row maxima, with no reshape of the score tile.
-            n0 = start_n + tl.arange(0, 32)
-            s0 = tl.dot(q_hat, tl.trans(_k_hat(Kx, Kc, Ks, k_base + n0[:, None], 32, DQ, KV_BF16, DOT_T)))
-            s1 = tl.dot(
-                q_hat, tl.trans(_k_hat(Kx, Kc, Ks, k_base + 32 + n0[:, None], 32, DQ, KV_BF16, DOT_T))
-            )
-            s2 = tl.dot(
-                q_hat, tl.trans(_k_hat(Kx, Kc, Ks, k_base + 64 + n0[:, None], 32, DQ, KV_BF16, DOT_T))
-            )
-            s3 = tl.dot(
-                q_hat, tl.trans(_k_hat(Kx, Kc, Ks, k_base + 96 + n0[:, None], 32, DQ, KV_BF16, DOT_T))
-            )
-            s0 = _mask_scores(
-                s0 * qk_scale, offs_m, n0, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, MASK_MODE
-            )
-            s1 = _mask_scores(
-                s1 * qk_scale, offs_m, n0 + 32, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, MASK_MODE
-            )
-            s2 = _mask_scores(
-                s2 * qk_scale, offs_m, n0 + 64, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, MASK_MODE
-            )
-            s3 = _mask_scores(
-                s3 * qk_scale, offs_m, n0 + 96, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, MASK_MODE
-            )
-            m_new = tl.maximum(
-                tl.maximum(m, tl.maximum(tl.max(s0, 1), tl.max(s1, 1))),
-                tl.maximum(tl.max(s2, 1), tl.max(s3, 1)),
-            )
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.math.exp2(m - m_use)
-            p0 = tl.math.exp2(s0 - m_use[:, None])
-            p1 = tl.math.exp2(s1 - m_use[:, None])
-            p2 = tl.math.exp2(s2 - m_use[:, None])
-            p3 = tl.math.exp2(s3 - m_use[:, None])
-            if ABLATE & 1:
-                h0, h1, h2, h3 = p0, p1, p2, p3
-            else:
-                h0 = _cast_p32(p0, CEIL, Q_EXP, Q_MANT)
-                h1 = _cast_p32(p1, CEIL, Q_EXP, Q_MANT)
-                h2 = _cast_p32(p2, CEIL, Q_EXP, Q_MANT)
-                h3 = _cast_p32(p3, CEIL, Q_EXP, Q_MANT)
-            if DEBUG_P:
-                dptr = Pdbg + (bh.to(tl.int64) * Lq + offs_m[:, None]) * LKP + n0[None, :]
-                rows_ok = offs_m[:, None] < Lq
-                tl.store(dptr, h0, mask=rows_ok)
-                tl.store(dptr + 32, h1, mask=rows_ok)
-                tl.store(dptr + 64, h2, mask=rows_ok)
-                tl.store(dptr + 96, h3, mask=rows_ok)
-            if PNQ:
-                l = alpha * l + ((tl.sum(h0, 1) + tl.sum(h1, 1)) + (tl.sum(h2, 1) + tl.sum(h3, 1)))
-            else:
-                l = alpha * l + ((tl.sum(p0, 1) + tl.sum(p1, 1)) + (tl.sum(p2, 1) + tl.sum(p3, 1)))
-            o_tilde = o_tilde * alpha[:, None]
-            o_tilde = tl.dot(
-                h0.to(DOT_T), _v_hat(Vx, Vc, Vs, k_base, v_rows, start_n, 32, DV, KV_BF16, DOT_T), o_tilde
-            )
-            o_tilde = tl.dot(
-                h1.to(DOT_T),
-                _v_hat(Vx, Vc, Vs, k_base, v_rows, start_n + 32, 32, DV, KV_BF16, DOT_T),
-                o_tilde,
-            )
-            o_tilde = tl.dot(
-                h2.to(DOT_T),
-                _v_hat(Vx, Vc, Vs, k_base, v_rows, start_n + 64, 32, DV, KV_BF16, DOT_T),
-                o_tilde,
-            )
-            o_tilde = tl.dot(
-                h3.to(DOT_T),
-                _v_hat(Vx, Vc, Vs, k_base, v_rows, start_n + 96, 32, DV, KV_BF16, DOT_T),
-                o_tilde,
-            )
-            m = m_new
-        else:
-            offs_n = start_n + offs_n0
-            k_rows = k_base + offs_n[:, None]
-            if not KV_BF16:
-                k_codes = tl.load(Kc + k_rows * (DQ // 2) + offs_dq2[None, :])
-                k_scales = tl.load(Ks + k_rows * (DQ // 32) + offs_dq32[None, :])
-            if DOT_SCALED:
-                s = tl.dot_scaled(q_codes, q_scales, "e2m1", tl.trans(k_codes), k_scales, "e2m1")
-            elif KV_BF16:
-                k_hat = tl.load(Kx + k_rows * DQ + tl.arange(0, DQ)[None, :]).to(DOT_T)
-                s = tl.dot(q_hat, tl.trans(k_hat))
-            else:
-                s = tl.dot(q_hat, tl.trans(dequant_e2m1(k_codes, k_scales, BN, DQ).to(DOT_T)))
-            s = _mask_scores(
-                s * qk_scale, offs_m, offs_n, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, MASK_MODE
-            )
-
-            m_new = tl.maximum(m, tl.max(s, 1))
-            # A row with every key so far masked keeps m = -inf; exp2(-inf - 0) = 0 keeps it empty.
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.math.exp2(m - m_use)
-            p_tilde = tl.math.exp2(s - m_use[:, None])
-
-            p3 = tl.reshape(p_tilde, [BM, BN // 32, 32])
-            e = shared_exponent(tl.max(p3, 2), CEIL, Q_EXP, Q_MANT)
-            two_e = tl.expand_dims(exp2_int(e), 2)
-            p_hat3 = e2m1_round(p3, two_e)
-            p_hat = tl.reshape(p_hat3, [BM, BN])
-            if ABLATE & 1:
-                p_hat = p_tilde
-            if DEBUG_P:
-                dptr = Pdbg + (bh.to(tl.int64) * Lq + offs_m[:, None]) * LKP + offs_n[None, :]
-                tl.store(dptr, p_hat, mask=offs_m[:, None] < Lq)
-            if PNQ:
-                l = alpha * l + tl.sum(p_hat, 1)
-            else:
-                l = alpha * l + tl.sum(p_tilde, 1)
-            o_tilde = o_tilde * alpha[:, None]
-
-            if not KV_BF16:
-                v_codes = tl.load(Vc + v_rows // 2 + (start_n // 2 + tl.arange(0, BN // 2))[None, :])
-                v_scales = tl.load(Vs + v_rows // 32 + (start_n // 32 + tl.arange(0, BN // 32))[None, :])
-            if DOT_SCALED:
-                # p_hat / 2**e is exactly on the E2M1 ladder; its bits give the code.
-                r = tl.reshape(p_hat3 / two_e, [BM, BN])
-                rb = r.to(tl.int32, bitcast=True)
-                code = tl.where(
-                    r >= 1.0, (((rb >> 23) - 126) << 1) | ((rb >> 22) & 1), (r * 2.0).to(tl.int32)
-                )
-                p_codes = pack_nibbles(code, BM, BN)
-                p_scales = (e + 127).to(tl.uint8)
-                o_tilde = tl.dot_scaled(
-                    p_codes, p_scales, "e2m1", tl.trans(v_codes), v_scales, "e2m1", o_tilde
-                )
-            elif KV_BF16:
-                v_hat = tl.load(Vx + (k_base + offs_n[:, None]) * DV + offs_dv[None, :]).to(DOT_T)
-                o_tilde = tl.dot(p_hat.to(DOT_T), v_hat, o_tilde)
-            else:
-                v_hat = dequant_e2m1(v_codes, v_scales, DV, BN).to(DOT_T)
-                o_tilde = tl.dot(p_hat.to(DOT_T), tl.trans(v_hat), o_tilde)
-            m = m_new
+        full = tl.minimum(full, (pid_m * BM + 1) // BN * BN)
+    for start_n in tl.range(0, full, BN):
+        m, l, o_tilde = _attend_tile(
+            m, l, o_tilde, q_hat, q_codes, q_scales, start_n, offs_m, Kc, Ks, Vc, Vs, Kx, Vx, k_base,
+            v_rows, Pdbg, dbg_row, mask_base, qk_scale, Lq, Lk, stride_mm, stride_mn, BM, BN, DQ, DV,
+            False, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, DOT_SCALED, DEBUG_P, DOT_T, KV_BF16, ABLATE,
+        )  # fmt: skip
+    # The masked tail (a tile or two, more on the causal diagonal) runs unpipelined: pipelining
+    # it too puts copies of o_tilde between wgmmas and ptxas then serializes every wgmma.
+    for start_n in tl.range(full, hi, BN, num_stages=1):
+        m, l, o_tilde = _attend_tile(
+            m, l, o_tilde, q_hat, q_codes, q_scales, start_n, offs_m, Kc, Ks, Vc, Vs, Kx, Vx, k_base,
+            v_rows, Pdbg, dbg_row, mask_base, qk_scale, Lq, Lk, stride_mm, stride_mn, BM, BN, DQ, DV,
+            True, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, DOT_SCALED, DEBUG_P, DOT_T, KV_BF16, ABLATE,
+        )  # fmt: skip
 
     empty = l == 0.0
     out = o_tilde / tl.where(empty, 1.0, l)[:, None]
@@ -348,7 +330,6 @@ def mx_attention_fwd(
     num_stages: int = 2,
     debug_p: torch.Tensor | None = None,
     ablate: int = 0,
-    split_p: bool | None = None,
 ) -> torch.Tensor:
     """Run the attention kernel on pre-pass outputs; writes `out` [B, Hq, Lq, Dv], returns lse [B, Hq, Lq].
 
@@ -360,9 +341,7 @@ def mx_attention_fwd(
     `k_packed` / `v_packed` may instead be single bf16 tensors of the dequantized values, K^ [B, Hkv,
     LKP, DQ] and V^ [B, Hkv, LKP, DVP] (`prepass_*(..., out_bf16=True)`), for the "bf16" path only.
     `ablate` (timing experiments only, wrong results): bit 1 skips the cast of P~.
-    `split_p`: compute a 128-key tile as four 32-key column blocks (bf16 path, block_n = 128 only;
-    default off: slower on the H200). `num_stages` is lowered automatically when the compiled kernel
-    would not fit in shared memory.
+    `num_stages` is lowered automatically when the compiled kernel would not fit in shared memory.
     """
     qc, qs = q_packed
     kv_bf16 = isinstance(k_packed, torch.Tensor)
@@ -393,9 +372,6 @@ def mx_attention_fwd(
         mask_mode, mask_arg, mstrides = MASK_ADD, mask, mask.stride()
     ceil, q_exp, q_mant = p_rule
     grid = (lqp // block_m, bsz * hq)
-    if split_p is None:
-        split_p = SPLIT_P_DEFAULT
-    split_p = bool(split_p) and path == "bf16" and block_n == 128
     args = (
         qc,
         qs,
@@ -436,15 +412,11 @@ def mx_attention_fwd(
         DOT_T=tl.float32 if kernels_interpreted() else tl.bfloat16,
         KV_BF16=kv_bf16,
         ABLATE=ablate,
-        SPLIT=split_p,
     )
     _launch(grid, args, constants, num_warps, num_stages, qc.device)
     return lse
 
 
-# Measured slower on the H200 (16.8 vs 15.4 ms at H=40, L=16k: four N=32 dots cost more than the
-# reshape they save); kept as a tested alternative for other chips (benchmarks/NOTES.md).
-SPLIT_P_DEFAULT = False
 _STAGES: dict[tuple, int] = {}
 
 
@@ -456,7 +428,9 @@ def _launch(grid, args, constants, num_warps: int, num_stages: int, device: torc
     stages = _STAGES.get(key, num_stages)
     while True:
         try:
-            _mx_attention_fwd_kernel[grid](*args, **constants, num_warps=num_warps, num_stages=stages)
+            _mx_attention_fwd_kernel[grid](
+                *args, **constants, num_warps=num_warps, num_stages=stages, enable_fp_fusion=False
+            )
         except OutOfResources:
             if stages <= 1:
                 raise

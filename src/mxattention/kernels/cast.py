@@ -7,6 +7,9 @@ the same exact integer / power-of-two arithmetic so the bytes agree bit for bit:
   (floor rule: E - Q_EXP; ceil rule with boundary q = (1 + Q_MANT / 2**23) * 2**Q_EXP:
   E - Q_EXP + [mantissa(M) > mantissa(q)]), clamped to [-127, 127], 0 for a zero block.
 - `exp2_int`: 2**e as fp32 for integer e in [-127, 127] (2**-127 is subnormal).
+- `block_scale`: 2**e of the same rule straight from the bits in four integer ops, for the
+  attention kernel's P~ blocks (maxima in [0, 2**127), emax >= 1: the subnormal and clamp cases
+  of `shared_exponent` fall out of the arithmetic; an all-zero block gets 2**-127, not 1).
 - `e2m1_code`: round-to-nearest-even code of a scaled magnitude (threshold form of
   `formats.rounding.round_magnitude`), `e2m1_round`: the same decision as a value.
 - `pack_nibbles`, `unpack_nibbles`, `dequant_e2m1`: packing (element 2i in the low nibble) and
@@ -44,6 +47,23 @@ def shared_exponent(amax, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.co
 
 
 @triton.jit
+def block_scale(amax, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constexpr):
+    """2**e (fp32) of `shared_exponent(amax)` for fp32 block maxima 0 < amax < 2**127, Q_EXP >= 1.
+
+    Adding 0x7FFFFF - Q_MANT to the bits carries into the exponent field iff the mantissa field
+    exceeds Q_MANT (the ceil rule's "+1"); subtracting Q_EXP from the field gives e + 127, and a
+    field <= 0 means e <= -127, clamped to 2**-127 (subnormal amax always lands there when
+    Q_EXP >= 1). amax = 0 also gives 2**-127: the block's values are all 0 under any scale.
+    """
+    tl.static_assert(Q_EXP >= 1, "block_scale needs emax >= 1; use shared_exponent")
+    bits = amax.to(tl.int32, bitcast=True)
+    if CEIL:
+        bits = bits + (0x7FFFFF - Q_MANT)
+    field = (bits & 0x7F800000) - (Q_EXP << 23)
+    return tl.maximum(field, 0x400000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def exp2_int(e):
     """2**e in fp32, exactly, for int32 e in [-127, 127]."""
     bits = tl.where(e >= -126, (e + 127) << 23, 0x400000)
@@ -65,11 +85,14 @@ def e2m1_round(p, two_e):
     The float adder rounds p to the ladder step of its binade: C = 2**(max(E_p, e) + 22) has a unit
     in the last place of half the binade (1 mantissa bit; step 2**(e-1) below 2**e, the subnormal
     codes 0 and 0.5), so (p + C) - C is round-to-nearest-even; then saturate at 6 * 2**e.
-    Equals round_magnitude(p / 2**e) * 2**e whenever p / 2**e is exact (always, for normal p).
+    Equals round_magnitude(p / 2**e) * 2**e whenever p / 2**e is exact (always, for normal p),
+    for p < 2**105 (C must stay finite); the attention kernel's P~ is at most 1.
     """
     binade = (p.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
-    c = tl.maximum(binade, two_e) * 4194304.0
-    return tl.minimum((p + c) - c, 6.0 * two_e)
+    step = tl.maximum(binade, two_e)
+    # Explicit fmas (c = step * 2**22 is exact): the same two instructions whether or not the
+    # kernel lets the compiler contract a * b + c.
+    return tl.minimum(tl.fma(-step, 4194304.0, tl.fma(step, 4194304.0, p)), 6.0 * two_e)
 
 
 @triton.jit

@@ -58,7 +58,6 @@ def fused_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     kv_layout: str | None = None,
-    split_p: bool | None = None,
     debug_p: bool = False,
 ):
     """(O [B, Hq, Lq, Dv] in query's dtype, lse [B, Hq, Lq] fp32) by the fused kernels.
@@ -69,7 +68,6 @@ def fused_attention(
     `kv_layout`: "packed" (E2M1 bytes + E8M0 scales, decoded in the inner loop: 0.53 bytes per element)
     or "bf16" (the pre-pass writes the exact dequantized K^, V^ in bf16: 2 bytes per element, and the
     inner loop only multiplies); default "bf16" on the Hopper path, "packed" for dot_scaled.
-    `split_p`: see `attention_fwd.mx_attention_fwd` (same function either way).
     """
     from mxattention.kernels.attention_fwd import default_matrix_path, mx_attention_fwd
     from mxattention.kernels.prepass import padded_dim, prepass_qk, prepass_v
@@ -115,7 +113,6 @@ def fused_attention(
         num_warps=num_warps or (8 if bm >= 128 else 4),
         num_stages=num_stages or 3,
         debug_p=dbg,
-        split_p=split_p,
     )
     out = out.to(query.dtype)
     return (out, lse, dbg) if debug_p else (out, lse)

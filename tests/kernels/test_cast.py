@@ -1,0 +1,81 @@
+"""The attention kernel's P~ cast (`block_scale` + `e2m1_round`) equals `fake_quantize` bit for bit.
+
+`block_scale` takes the shared exponent from the bits in four integer ops; it must give the same
+2**e as the general `shared_exponent` (and the PyTorch rule) for every block maximum in its domain
+(0 < amax < 2**127), subnormals included, and 2**-127 for an all-zero block.
+"""
+
+import pytest
+import torch
+
+from mxattention.formats.ladders import E2M1
+from mxattention.formats.mx import fake_quantize
+from mxattention.formats.scale_rules import resolve_rule, shared_exponent
+from mxattention.kernels._triton import tl, triton
+from mxattention.kernels.cast import block_scale, e2m1_round, exp2_int
+from mxattention.kernels.cast import shared_exponent as kernel_shared_exponent
+from mxattention.kernels.rules import rule_constants
+from tests.formats.hard_values import hard_values
+
+RULES = ("ocp", "tfs", "uos", 5.3, 7.0000001, 2.5)
+
+
+@triton.jit
+def _p_cast_kernel(X, Scale, General, Out, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constexpr):
+    rows = tl.program_id(0) * 16 + tl.arange(0, 16)
+    x = tl.load(X + rows[:, None] * 32 + tl.arange(0, 32)[None, :])
+    amax = tl.max(x, 1)
+    two_e = block_scale(amax, CEIL, Q_EXP, Q_MANT)
+    tl.store(Scale + rows, two_e)
+    tl.store(General + rows, exp2_int(kernel_shared_exponent(amax, CEIL, Q_EXP, Q_MANT)))
+    tl.store(Out + rows[:, None] * 32 + tl.arange(0, 32)[None, :], e2m1_round(x, two_e[:, None]))
+
+
+def _run(x: torch.Tensor, rule, device):
+    rc = rule_constants(rule)
+    x = x.to(device).contiguous()
+    n = x.shape[0]
+    scale, general = (torch.empty(n, device=device) for _ in range(2))
+    out = torch.empty_like(x)
+    _p_cast_kernel[(n // 16,)](x, scale, general, out, rc.ceil, rc.q_exp, rc.q_mant)
+    return scale.cpu(), general.cpu(), out.cpu()
+
+
+def _nonneg_blocks(seed: int, below: float = 2.0**126) -> torch.Tensor:
+    """Nonnegative hard values in blocks of 32, blocks with a larger maximum zeroed."""
+    x = hard_values(E2M1, 32 * 2048, seed=seed).abs().view(-1, 32)
+    return torch.where(x.amax(-1, keepdim=True) < below, x, 0.0)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_block_scale_equals_shared_exponent(rule, device):
+    x = _nonneg_blocks(seed=1)
+    scale, general, _ = _run(x, rule, device)
+    amax = x.amax(-1)
+    ref = torch.exp2(shared_exponent(amax, resolve_rule(rule, E2M1), E2M1).float())
+    pos = amax > 0
+    assert pos.sum() > 1500 and (pos & (amax < 2.0**-126)).sum() > 20  # subnormal maxima are covered
+    assert torch.equal(scale[pos], ref[pos])
+    assert torch.equal(general[pos], ref[pos])
+    assert (scale[~pos] == 2.0**-127).all()
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_p_cast_equals_fake_quantize(rule, device):
+    x = _nonneg_blocks(seed=2, below=2.0**100)  # e2m1_round's domain: 2**(E + 22) stays finite
+    # P~ values: the row max is 1 and the rest exp2 of anything down to -160 (subnormal, 0).
+    g = torch.Generator().manual_seed(3)
+    p = torch.exp2(-160 * torch.rand(2048, 32, generator=g) ** 3)
+    p[::3, 0] = 1.0
+    for vals in (x, p):
+        _, _, out = _run(vals, rule, device)
+        assert torch.equal(out, fake_quantize(vals, axis=-1, rule=rule))
+
+
+def test_block_scale_refuses_emax_zero():
+    """A boundary below 2 (Q_EXP = 0) is outside block_scale's exact domain: a compile-time error."""
+    rc = rule_constants(1.5)
+    assert rc.q_exp == 0
+    x = torch.ones(16, 32)
+    with pytest.raises(Exception, match="emax >= 1"):
+        _p_cast_kernel[(1,)](x, torch.empty(16), torch.empty(16), torch.empty_like(x), rc.ceil, 0, rc.q_mant)

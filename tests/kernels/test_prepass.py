@@ -92,3 +92,20 @@ def test_bf16_outputs_equal_fake_quantize(hadamard, device):
     assert (y[..., 70:, :] == 0).all()
     yv = prepass_v(x.to(device), "ocp", out_bf16=True)
     assert torch.equal(yv[..., :70, :].float().cpu(), fake_quantize(x, -2, rule="ocp"))
+
+
+def test_bf16_outputs_nonfinite_blocks(device):
+    """A block holding NaN or Inf dequantizes to NaN, as fake_quantize; other blocks are untouched."""
+    x = torch.randn(1, 1, 64, 64)
+    x[0, 0, 0, 3] = float("nan")
+    x[0, 0, 1, 40] = float("inf")
+    x[0, 0, 33, 5] = -float("inf")  # V: keys 32..63 of column 5
+    y = prepass_qk(x.to(device), "uos", hadamard=False, out_bf16=True)[..., :64, :].float().cpu()
+    assert torch.equal(y.isnan(), fake_quantize(x, -1, rule="uos").isnan())
+    assert y.isnan().sum() == 3 * 32
+    want = fake_quantize(x, -1, rule="uos")
+    assert torch.equal(y[~y.isnan()], want[~want.isnan()])
+    yv = prepass_v(x.to(device), "ocp", out_bf16=True)[..., :64, :].float().cpu()
+    wv = fake_quantize(x, -2, rule="ocp")
+    assert torch.equal(yv.isnan(), wv.isnan()) and yv.isnan().sum() == 3 * 32
+    assert torch.equal(yv[~yv.isnan()], wv[~wv.isnan()])

@@ -15,8 +15,8 @@ reference's exp to a few fp32 ulps. The block max of each 32 keys of p_tilde is 
 block max of the scores (exp2 is monotone; checked exhaustively on the H200), its scale comes from
 the bits (`cast.block_scale`), the rounding from the float adder (`cast.e2m1_round`), so Q(P~) is
 decided exactly as `formats.fake_quantize` decides it. The kernel is compiled without fp
-contraction: s * scale - m must round twice, as the reference's S - m does, so the row max gets
-exactly p_tilde = 1 (a fused multiply-add would leave it an ulp off and move the floor rule's scale).
+contraction, and fmas are written out: the block maxima must round twice (s * scale, then - m), as
+the reference's S - m does, so a row max gets exactly p_tilde = 1 and the floor rule its scale.
 
 Speed notes (H200, benchmarks/NOTES.md): the P~ cast is ALU work on the same issue slots as the
 softmax, so every instruction per score counts; tiles whose keys are all valid skip the mask select.
@@ -152,20 +152,27 @@ def _attend_tile(
         s = tl.dot(q_hat, tl.trans(k_hat))
     else:
         s = tl.dot(q_hat, tl.trans(dequant_e2m1(k_codes, k_scales, BN, DQ).to(DOT_T)))
-    s = s * qk_scale
-    if MASKED:
-        s = _mask_scores(s, offs_m, offs_n, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, MASK_MODE)
+    if MASKED and MASK_MODE == 2:
+        # An additive mask is added in log2 units, so these scores are scaled first.
+        s = _mask_scores(s * qk_scale, offs_m, offs_n, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, 2)
+        c = 1.0
+    else:
+        if MASKED:
+            s = _mask_scores(s, offs_m, offs_n, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, MASK_MODE)
+        c = qk_scale
 
-    # Block maxima come from the scores: s - m and exp2 are monotone, so exp2(max s - m) is the
-    # block max of p_tilde, and the row max is the max of the block maxima.
+    # Block maxima come from the scores (the product by c > 0, s - m and exp2 are monotone), and
+    # the row max is the max of the block maxima. The block maxima of p_tilde, which set the
+    # scales, take the reference's two roundings (s * c, then - m): the max gets exactly 1. The
+    # elements take one fma, an error of the same size as exp2 against exp (an ulp of s * c).
     s3 = tl.reshape(s, [BM, BN // 32, 32])
     s_blk = tl.max(s3, 2)
-    m_new = tl.maximum(m, tl.max(s_blk, 1))
+    m_new = tl.maximum(m, tl.max(s_blk, 1) * c)
     # A row with every key so far masked keeps m = -inf; exp2(-inf - 0) = 0 keeps it empty.
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.math.exp2(m - m_use)
-    p3 = tl.math.exp2(s3 - m_use[:, None, None])
-    p_blk = tl.math.exp2(s_blk - m_use[:, None])
+    p3 = tl.math.exp2(tl.fma(s3, c, -m_use[:, None, None]))
+    p_blk = tl.math.exp2(s_blk * c - m_use[:, None])
     if Q_EXP >= 1:
         two_e = block_scale(p_blk, CEIL, Q_EXP, Q_MANT)
     else:  # a boundary below 2: outside block_scale's domain

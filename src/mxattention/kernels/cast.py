@@ -10,8 +10,8 @@ the same exact integer / power-of-two arithmetic so the bytes agree bit for bit:
 - `block_scale`: 2**e of the same rule straight from the bits in four integer ops, for the
   attention kernel's P~ blocks (maxima in [0, 2**127), emax >= 1: the subnormal and clamp cases
   of `shared_exponent` fall out of the arithmetic; an all-zero block gets 2**-127, not 1).
-- `e2m1_code`: round-to-nearest-even code of a scaled magnitude (threshold form of
-  `formats.rounding.round_magnitude`), `e2m1_round`: the same decision as a value.
+- `e2m1_round`: round-to-nearest-even onto the E2M1 ladder times 2**e, as a value (the
+  decision of `formats.rounding.round_magnitude`); `ladder_code`: the 3-bit code of such a value.
 - `pack_nibbles`, `unpack_nibbles`, `dequant_e2m1`: packing (element 2i in the low nibble) and
   decoding codes x 2**e to fp32 values that bf16 holds exactly (bf16 has fp32's exponent range).
 
@@ -71,11 +71,13 @@ def exp2_int(e):
 
 
 @triton.jit
-def e2m1_code(a):
-    """3-bit E2M1 magnitude code of scaled magnitudes a >= 0: nearest, ties to even, saturating at 6."""
-    c = (a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
-    c += (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
-    return c + (a > 5.0).to(tl.int32)
+def ladder_code(r):
+    """3-bit E2M1 magnitude code of an exact ladder value r in {0, 0.5, 1, ..., 6}.
+
+    E2M1 is a float with exponent bias 1; r * 2**-126 (exact: 0.5 becomes the subnormal 2**-127)
+    gives it fp32's bias, so its exponent field and top mantissa bit are the code, in bits 22-24.
+    """
+    return (r * 1.1754943508222875e-38).to(tl.int32, bitcast=True) >> 22
 
 
 @triton.jit

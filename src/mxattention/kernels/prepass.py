@@ -28,7 +28,7 @@ import torch
 from mxattention.formats.constants import MX_BLOCK_SIZE
 from mxattention.formats.scale_rules import ScaleRule
 from mxattention.kernels._triton import tl, triton
-from mxattention.kernels.cast import e2m1_code, exp2_int, pack_nibbles, shared_exponent
+from mxattention.kernels.cast import e2m1_round, exp2_int, ladder_code, pack_nibbles, shared_exponent
 from mxattention.kernels.rules import rule_constants
 from mxattention.rotation import hadamard_block_size, rotation_matrix
 
@@ -44,28 +44,26 @@ def padded_len(n: int, multiple: int) -> int:
 
 @triton.jit
 def _cast_blocks(x3, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constexpr, AXIS: tl.constexpr):
-    """MXFP4 cast of fp32 x3 in blocks along AXIS: (4-bit codes like x3, E8M0 bytes reduced over AXIS)."""
+    """MXFP4 cast of fp32 x3 in blocks along AXIS.
+
+    Returns (4-bit codes like x3, E8M0 bytes reduced over AXIS, the dequantized values like x3).
+    A block with a NaN or Inf gets scale byte 255, codes 0 and NaN values, as `mx_quantize` /
+    `fake_quantize`. Codes and values come from one rounding (`e2m1_round` on the scaled
+    magnitude, below 8), so the two outputs cannot disagree.
+    """
     a = tl.abs(x3)
-    nonfinite = (x3 != x3) | (a == float("inf"))
+    nonfinite = (a != a) | (a == float("inf"))
     bad = tl.max(nonfinite.to(tl.int32), axis=AXIS) > 0
     amax = tl.where(bad, 0.0, tl.max(tl.where(nonfinite, 0.0, a), axis=AXIS))
     e = shared_exponent(amax, CEIL, Q_EXP, Q_MANT)
-    inv = tl.expand_dims(exp2_int(-e), AXIS)
-    sign = (x3.to(tl.int32, bitcast=True) >> 31) & 1
-    codes = e2m1_code(a * inv) | (sign << 3)
-    codes = tl.where(tl.expand_dims(bad, AXIS), 0, codes)
+    r = e2m1_round(a * tl.expand_dims(exp2_int(-e), AXIS), 1.0)
+    sign = x3.to(tl.int32, bitcast=True) & -2147483648  # -0.0 keeps its sign, as in mx_quantize
+    bad3 = tl.expand_dims(bad, AXIS)
+    codes = tl.where(bad3, 0, ladder_code(r) | ((sign >> 28) & 8))
+    vals = (r * tl.expand_dims(exp2_int(e), AXIS)).to(tl.int32, bitcast=True) | sign
+    vals = tl.where(bad3, float("nan"), vals.to(tl.float32, bitcast=True))
     scales = tl.where(bad, 255, e + 127)
-    return codes, scales, e
-
-
-@triton.jit
-def _decode(codes, e, AXIS: tl.constexpr):
-    """fp32 values of 4-bit codes times 2**e (e reduced over AXIS); exact like `fake_quantize`."""
-    c3 = codes & 7
-    # codes 2..7 are (2 + m) * 2**(E - 2) with E = c3 >> 1, m = c3 & 1; codes 0, 1 are 0, 0.5.
-    mag = tl.where(c3 < 2, 0.5 * c3.to(tl.float32), (2 + (c3 & 1)).to(tl.float32) * exp2_int((c3 >> 1) - 2))
-    val = mag * tl.expand_dims(exp2_int(e), AXIS)
-    return tl.where((codes & 8) != 0, -val, val)
+    return codes, scales, vals
 
 
 @triton.jit
@@ -105,6 +103,7 @@ def _qk_prepass_kernel(
     Q_EXP: tl.constexpr,
     Q_MANT: tl.constexpr,
     OUT_BF16: tl.constexpr,
+    ROT_GATHER: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -112,14 +111,19 @@ def _qk_prepass_kernel(
     if ROTATE:
         # Butterfly level i pairs columns (j, j + 2**i) inside blocks of 2**(i+1), as rotation.fwht.
         for i in tl.static_range(ROT_LEVELS):
-            x = tl.permute(tl.reshape(x, [BL, DP // (2 << i), 2, 1 << i]), 0, 1, 3, 2)
-            lo, hi = tl.split(x)
-            x = tl.reshape(tl.permute(tl.join(lo + hi, lo - hi), 0, 1, 3, 2), [BL, DP])
+            if ROT_GATHER:
+                hbit = (cols & (1 << i)) != 0
+                partner = tl.gather(x, tl.broadcast_to((cols ^ (1 << i))[None, :], [BL, DP]), 1)
+                x = tl.fma(x, tl.where(hbit, -1.0, 1.0)[None, :], partner)
+            else:
+                x = tl.permute(tl.reshape(x, [BL, DP // (2 << i), 2, 1 << i]), 0, 1, 3, 2)
+                lo, hi = tl.split(x)
+                x = tl.reshape(tl.permute(tl.join(lo + hi, lo - hi), 0, 1, 3, 2), [BL, DP])
         x = x * ROT_NORM
-    codes, scales, e = _cast_blocks(tl.reshape(x, [BL, DP // 32, 32]), CEIL, Q_EXP, Q_MANT, 2)
+    codes, scales, vals = _cast_blocks(tl.reshape(x, [BL, DP // 32, 32]), CEIL, Q_EXP, Q_MANT, 2)
     base = bh.to(tl.int64) * L_PAD + rows[:, None].to(tl.int64)
     if OUT_BF16:
-        vals = tl.reshape(_decode(codes, e, 2), [BL, DP])
+        vals = tl.reshape(vals, [BL, DP])
         tl.store(Codes + base * DP + cols[None, :], vals.to(tl.bfloat16))
     else:
         packed = pack_nibbles(tl.reshape(codes, [BL, DP]), BL, DP)
@@ -150,9 +154,9 @@ def _v_prepass_kernel(
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     x, rows, cols = _load_tile(X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL, DP)
-    codes, scales, e = _cast_blocks(tl.reshape(x, [BL // 32, 32, DP]), CEIL, Q_EXP, Q_MANT, 1)
+    codes, scales, vals = _cast_blocks(tl.reshape(x, [BL // 32, 32, DP]), CEIL, Q_EXP, Q_MANT, 1)
     if OUT_BF16:
-        vals = tl.reshape(_decode(codes, e, 1), [BL, DP])
+        vals = tl.reshape(vals, [BL, DP])
         rows64 = bh.to(tl.int64) * L_PAD + rows[:, None].to(tl.int64)
         tl.store(Codes + rows64 * DP + cols[None, :], vals.to(tl.bfloat16))
         return

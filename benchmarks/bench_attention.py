@@ -2,7 +2,9 @@
 
 For every shape (B = 1, non-causal, bf16 inputs): ms and effective TFLOP/s (4 Lq Lk D H / t) of
 torch SDPA bf16 (cuDNN and FlashAttention backends), the fused direct-OCP method ("mxfp4-ocp"),
-the full MXAttention method, the pre-pass alone, and the PyTorch reference (small shapes only),
+the full MXAttention method, the OCP method with the same rotation ("mxfp4-ocp-hadamard": the
+cost of UOS + PNQ alone, on the same data), the pre-pass alone and a plain copy of Q (the
+pre-pass's bandwidth as a fraction of the copy's), and the PyTorch reference (small shapes only),
 plus the peak extra memory of each call. Optionally a tile sweep and stage ablations at one shape.
 Writes <out>/<name>.json and <out>/<name>.md with the GPU, date, versions and command.
 
@@ -77,6 +79,8 @@ def run_shape(label, shape, args, log):
     q, k, v = _inputs(h, lq, lk, d)
     scale = d**-0.5
     full, ocp = get_method("mxattention"), get_method("mxfp4-ocp")
+    ocp_h = get_method("mxfp4-ocp-hadamard")
+    copy_dst = torch.empty_like(q)
     rows = {}
 
     def sdpa(backend):
@@ -92,6 +96,9 @@ def run_shape(label, shape, args, log):
         "mx_ocp_direct": lambda: fused_attention(q, k, v, ocp, scale=scale),
         "mx_full": lambda: fused_attention(q, k, v, full, scale=scale),
         "mx_full_packed_kv": lambda: fused_attention(q, k, v, full, scale=scale, kv_layout="packed"),
+        # The same rotation on both sides: what UOS + PNQ alone cost over the OCP floor rule.
+        "mx_ocp_hadamard": lambda: fused_attention(q, k, v, ocp_h, scale=scale),
+        "copy": lambda: copy_dst.copy_(q),
         "prepass_ocp": lambda: (
             prepass_qk(q, "ocp", hadamard=False),
             prepass_qk(k, "ocp", hadamard=False, out_bf16=True),
@@ -115,6 +122,15 @@ def run_shape(label, shape, args, log):
         log(f"  {label} {name}: {rows[name]}")
     torch.cuda.empty_cache()
     packed = 3 * h * max(lq, lk) * d * (0.5 + 1 / 32) / 2**20
+    # Bytes the pre-pass moves: Q, K, V read as bf16; Q^ packed, K^ and V^ bf16 written.
+    prepass_bytes = h * d * (lq * (2 + 0.5 + 1 / 32) + lk * 2 * (2 + 2))
+    for name, nbytes in (
+        ("copy", 2 * q.numel() * 2),
+        ("prepass", prepass_bytes),
+        ("prepass_ocp", prepass_bytes),
+    ):
+        if "ms" in rows.get(name, {}):
+            rows[name]["tb_per_s"] = nbytes / rows[name]["ms"] / 1e9
     return {
         "label": label,
         "H": h,
@@ -195,8 +211,8 @@ def markdown(report) -> str:
             lines.append(f"| {s['label']} | {s['H']} | {s['Lq']} | {s['Lk']} | {s['D']} | {name} | {cells} |")
     lines += [
         "",
-        "| shape | full / cuDNN speed | full (packed K/V) / cuDNN | full / flash speed | full vs direct-OCP | full vs reference |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| shape | full / cuDNN speed | full (packed K/V) / cuDNN | full / flash speed | full vs direct-OCP | UOS+PNQ vs OCP (both rotated) | pre-pass / copy bandwidth | full vs reference |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for s in report["shapes"]:
         r = s["rows"]
@@ -209,6 +225,8 @@ def markdown(report) -> str:
             f"{ms('sdpa_cudnn') / ms('mx_full_packed_kv'):.2f}x | "
             f"{ms('sdpa_flash') / ms('mx_full'):.2f}x | "
             f"{100 * (ms('mx_full') / ms('mx_ocp_direct') - 1):+.1f} % | "
+            f"{100 * (ms('mx_full') / ms('mx_ocp_hadamard') - 1):+.1f} % | "
+            f"{100 * r.get('prepass', {}).get('tb_per_s', math.nan) / r.get('copy', {}).get('tb_per_s', math.nan):.0f} % | "
             + (
                 "not run (too slow at this size) |"
                 if math.isnan(ms("reference"))

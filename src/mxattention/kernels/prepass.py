@@ -51,17 +51,18 @@ def _cast_blocks(x3, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constex
     `fake_quantize`. Codes and values come from one rounding (`e2m1_round` on the scaled
     magnitude, below 8), so the two outputs cannot disagree.
     """
-    a = tl.abs(x3)
-    nonfinite = (a != a) | (a == float("inf"))
-    bad = tl.max(nonfinite.to(tl.int32), axis=AXIS) > 0
-    amax = tl.where(bad, 0.0, tl.max(tl.where(nonfinite, 0.0, a), axis=AXIS))
-    e = shared_exponent(amax, CEIL, Q_EXP, Q_MANT)
-    r = e2m1_round(a * tl.expand_dims(exp2_int(-e), AXIS), 1.0)
-    sign = x3.to(tl.int32, bitcast=True) & -2147483648  # -0.0 keeps its sign, as in mx_quantize
-    bad3 = tl.expand_dims(bad, AXIS)
-    codes = tl.where(bad3, 0, ladder_code(r) | ((sign >> 28) & 8))
-    vals = (r * tl.expand_dims(exp2_int(e), AXIS)).to(tl.int32, bitcast=True) | sign
-    vals = tl.where(bad3, float("nan"), vals.to(tl.float32, bitcast=True))
+    bits = x3.to(tl.int32, bitcast=True)
+    abits = bits & 0x7FFFFFFF
+    # |x| bit patterns order like the magnitudes, and Inf / NaN patterns sit above every finite one.
+    amax_bits = tl.max(abits, axis=AXIS)
+    bad = amax_bits >= 0x7F800000
+    e = shared_exponent(tl.where(bad, 0, amax_bits).to(tl.float32, bitcast=True), CEIL, Q_EXP, Q_MANT)
+    r = e2m1_round(abits.to(tl.float32, bitcast=True) * tl.expand_dims(exp2_int(-e), AXIS), 1.0)
+    sign = bits & -2147483648  # -0.0 keeps its sign, as in mx_quantize
+    codes = tl.where(tl.expand_dims(bad, AXIS), 0, ladder_code(r) | ((sign >> 28) & 8))
+    # A NaN block factor makes every value of a bad block NaN, with no select per element.
+    factor = tl.expand_dims(tl.where(bad, float("nan"), exp2_int(e)), AXIS)
+    vals = ((r * factor).to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
     scales = tl.where(bad, 255, e + 127)
     return codes, scales, vals
 
@@ -103,7 +104,7 @@ def _qk_prepass_kernel(
     Q_EXP: tl.constexpr,
     Q_MANT: tl.constexpr,
     OUT_BF16: tl.constexpr,
-    ROT_GATHER: tl.constexpr = False,
+    ROT_GATHER: tl.constexpr = 0,
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -111,7 +112,7 @@ def _qk_prepass_kernel(
     if ROTATE:
         # Butterfly level i pairs columns (j, j + 2**i) inside blocks of 2**(i+1), as rotation.fwht.
         for i in tl.static_range(ROT_LEVELS):
-            if ROT_GATHER:
+            if ROT_GATHER and (1 << i) >= ROT_GATHER:
                 hbit = (cols & (1 << i)) != 0
                 partner = tl.gather(x, tl.broadcast_to((cols ^ (1 << i))[None, :], [BL, DP]), 1)
                 x = tl.fma(x, tl.where(hbit, -1.0, 1.0)[None, :], partner)
@@ -198,7 +199,7 @@ def prepass_qk(
     blk = hadamard_block_size(d) if hadamard else 1
     if hadamard:
         rotation_matrix(d)  # raises the same error as the reference for an unsupported d
-    bl = 32 if dp >= 256 else 64
+    bl = 16 if dp >= 256 else 32  # 32 values per thread: the measured optimum (benchmarks/NOTES.md)
     assert lp % bl == 0
     _qk_prepass_kernel[(lp // bl, b * h)](
         x,
@@ -236,7 +237,7 @@ def prepass_v(
     else:
         codes = torch.empty((b, h, dp, lp // 2), dtype=torch.uint8, device=v.device)
         scales = torch.empty((b, h, dp, lp // MX_BLOCK_SIZE), dtype=torch.uint8, device=v.device)
-    bl = 32 if dp >= 256 else 64
+    bl = 32  # one MX block of keys
     assert lp % bl == 0
     _v_prepass_kernel[(lp // bl, b * h)](
         v, codes, scales, n, d, h, *v.stride(), lp, BL=bl, DP=dp, OUT_BF16=out_bf16, **_rule_args(rule)

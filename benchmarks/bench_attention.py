@@ -144,7 +144,9 @@ def run_shape(label, shape, args, log):
 
 
 def sweep(args, log):
-    """Tiles / warps / stages of the full method, and ablations that leave one stage out."""
+    """Tiles / warps / stages of the full method, ablations that leave one stage out, and the
+    kernel's P~ rule x row sum (UOS / OCP x PNQ / direct) on the same operands, each set of operands
+    (UOS or OCP pre-pass, both rotated), so a feature's cost is told apart from the data's."""
     from mxattention.attention.config import get_method
     from mxattention.kernels.attention_fwd import mx_attention_fwd
     from mxattention.kernels.prepass import prepass_qk, prepass_v
@@ -154,33 +156,43 @@ def sweep(args, log):
     flop = 4.0 * lq * lk * d * h
     q, k, v = _inputs(h, lq, lk, d)
     cfg = get_method("mxattention")
-    qp = prepass_qk(q, "uos", hadamard=True)
     operands = {
-        "packed": (prepass_qk(k, "uos", hadamard=True), prepass_v(v, "uos")),
-        "bf16": (prepass_qk(k, "uos", hadamard=True, out_bf16=True), prepass_v(v, "uos", out_bf16=True)),
+        (rule, layout): (
+            prepass_qk(q, rule, hadamard=True),
+            prepass_qk(k, rule, hadamard=True, out_bf16=layout == "bf16"),
+            prepass_v(v, rule, out_bf16=layout == "bf16"),
+        )
+        for rule, layout in (("uos", "bf16"), ("uos", "packed"), ("ocp", "bf16"))
     }
     out = torch.empty_like(q)
-    pr = rule_constants("uos")
     results = []
-    variants = [("bf16", bm, w, st, 0) for bm, w, st in args.tiles]
-    variants += [("bf16", 128, 8, 3, 1), ("packed", 128, 8, 3, 0)]
-    for layout, bm, w, st, ablate in variants:
-        kp, vp = operands[layout]
+    base = {"kv": "bf16", "data": "uos", "p_rule": "uos", "pnq": True, "block_m": 128, "num_warps": 8}
+    variants = [
+        {**base, "block_m": bm, "num_warps": w, "num_stages": st, "ablate": 0} for bm, w, st in args.tiles
+    ]
+    variants += [
+        {**base, "num_stages": 3, "ablate": 1},
+        {**base, "kv": "packed", "num_stages": 3, "ablate": 0},
+    ]
+    variants += [
+        {**base, "data": data, "p_rule": rule, "pnq": pnq, "num_stages": 3, "ablate": 0}
+        for data in ("uos", "ocp")
+        for rule in ("uos", "ocp")
+        for pnq in (True, False)
+    ]
+    for row in variants:
+        qp, kp, vp = operands[(row["data"], row["kv"])]
+        pr = rule_constants(row["p_rule"])
 
-        def f(bm=bm, w=w, st=st, ablate=ablate, kp=kp, vp=vp):
+        def f(row=row, qp=qp, kp=kp, vp=vp, pr=pr):
             return mx_attention_fwd(
                 qp, kp, vp, lq=lq, lk=lk, dv=d, group=1, out=out, p_rule=(pr.ceil, pr.q_exp, pr.q_mant),
-                pnq=True, block_n=cfg.block_n, scale=d**-0.5, matrix_path="bf16", block_m=bm,
-                num_warps=w, num_stages=st, ablate=ablate,
+                pnq=row["pnq"], block_n=cfg.block_n, scale=d**-0.5, matrix_path="bf16",
+                block_m=row["block_m"], num_warps=row["num_warps"], num_stages=row["num_stages"],
+                ablate=row["ablate"],
             )  # fmt: skip
 
-        row = {
-            "kv": layout,
-            "block_m": bm,
-            "num_warps": w,
-            "num_stages": st,
-            "ablate": ablate,
-        }
+        row = dict(row)
         try:
             ms, _ = _bench(f, args.rep_ms)
             row.update(ms=ms, tflops=flop / ms / 1e9)
@@ -236,16 +248,16 @@ def markdown(report) -> str:
     if report.get("sweep"):
         lines += [
             "",
-            f"Attention kernel alone at {report['sweep']['shape']} (bf16 path; ablate 1: P~ not cast)",
+            f"Attention kernel alone at {report['sweep']['shape']} (bf16 path, Q and K rotated; operands: "
+            "the pre-pass rule; ablate 1: P~ not cast)",
             "",
         ]
-        lines += ["| K/V | block_m | warps | stages | ablate | ms | TFLOP/s |"]
-        lines += ["| --- | --- | --- | --- | --- | --- | --- |"]
+        cols = ["kv", "data", "p_rule", "pnq", "block_m", "num_warps", "num_stages", "ablate"]
+        lines += ["| K/V | operands | P~ rule | PNQ | block_m | warps | stages | ablate | ms | TFLOP/s |"]
+        lines += ["| --- " * 10 + "|"]
         for r in report["sweep"]["rows"]:
             res = f"{r['ms']:.3f} | {r['tflops']:.1f}" if "ms" in r else f"error: {r['error'][:80]} |"
-            lines.append(
-                f"| {r['kv']} | {r['block_m']} | {r['num_warps']} | {r['num_stages']} | {r['ablate']} | {res} |"
-            )
+            lines.append("| " + " | ".join(str(r[c]) for c in cols) + f" | {res} |")
     return "\n".join(lines) + "\n"
 
 

@@ -184,9 +184,14 @@ def _attend_tile(
     if DEBUG_P:
         tl.store(Pdbg + dbg_row + offs_n[None, :], p_hat, mask=offs_m[:, None] < Lq)
     if PNQ:
-        l = alpha * l + tl.sum(p_hat, 1)
+        if ABLATE & 4:
+            row_sum = tl.sum(tl.sum(p_hat3, 2), 1)
+        else:
+            row_sum = tl.sum(p_hat, 1)
     else:
-        l = alpha * l + tl.sum(tl.reshape(p3, [BM, BN]), 1)
+        row_sum = tl.sum(tl.reshape(p3, [BM, BN]), 1)
+    if not (ABLATE & 2):
+        l = alpha * l + row_sum
     o_tilde = o_tilde * alpha[:, None]
 
     if DOT_SCALED:
@@ -203,6 +208,8 @@ def _attend_tile(
     else:
         v_hat = _v_hat(Vx, Vc, Vs, k_base, v_rows, start_n, BN, DV, KV_BF16, DOT_T)
         o_tilde = tl.dot(p_hat.to(DOT_T), v_hat, o_tilde)
+    if ABLATE & 2:
+        l = alpha * l + row_sum
     return m_new, l, o_tilde
 
 

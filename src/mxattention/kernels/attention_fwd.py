@@ -202,9 +202,10 @@ def _attend_tile(
         v_hat = _v_hat(Vx, Vc, Vs, k_base, v_rows, start_n, BN, DV, KV_BF16, DOT_T)
         o_tilde = tl.dot(p_hat.to(DOT_T), v_hat, o_tilde)
     if PNQ:
-        # After the PV wgmma is issued, and per 32-key block first: the sum waits for the cast, and
-        # placed here its additions overlap the tensor cores (H200: PNQ's cost 4.7 % -> 2.9 %).
-        l = alpha * l + tl.sum(tl.sum(p_hat3, 2), 1)
+        # Placed after the PV wgmma is issued: this sum waits for the cast, and here its additions
+        # overlap the tensor cores. Across the 4 blocks first (in-thread), then along the keys:
+        # fewer shuffles, and l stays in the layout of m (benchmarks/NOTES.md, v5).
+        l = alpha * l + tl.sum(tl.sum(p_hat3, 1), 1)
     return m_new, l, o_tilde
 
 

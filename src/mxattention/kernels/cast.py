@@ -94,7 +94,7 @@ def e2m1_round(p, two_e):
     step = tl.maximum(binade, two_e)
     # Explicit fmas (c = step * 2**22 is exact): the same two instructions whether or not the
     # kernel lets the compiler contract a * b + c.
-    return tl.minimum(tl.fma(-step, 4194304.0, tl.fma(step, 4194304.0, p)), 6.0 * two_e)
+    return tl.minimum(tl.fma(step, -4194304.0, tl.fma(step, 4194304.0, p)), 6.0 * two_e)
 
 
 @triton.jit

@@ -104,7 +104,6 @@ def _qk_prepass_kernel(
     Q_EXP: tl.constexpr,
     Q_MANT: tl.constexpr,
     OUT_BF16: tl.constexpr,
-    ROT_GATHER: tl.constexpr = 0,
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -112,14 +111,9 @@ def _qk_prepass_kernel(
     if ROTATE:
         # Butterfly level i pairs columns (j, j + 2**i) inside blocks of 2**(i+1), as rotation.fwht.
         for i in tl.static_range(ROT_LEVELS):
-            if ROT_GATHER and (1 << i) >= ROT_GATHER:
-                hbit = (cols & (1 << i)) != 0
-                partner = tl.gather(x, tl.broadcast_to((cols ^ (1 << i))[None, :], [BL, DP]), 1)
-                x = tl.fma(x, tl.where(hbit, -1.0, 1.0)[None, :], partner)
-            else:
-                x = tl.permute(tl.reshape(x, [BL, DP // (2 << i), 2, 1 << i]), 0, 1, 3, 2)
-                lo, hi = tl.split(x)
-                x = tl.reshape(tl.permute(tl.join(lo + hi, lo - hi), 0, 1, 3, 2), [BL, DP])
+            x = tl.permute(tl.reshape(x, [BL, DP // (2 << i), 2, 1 << i]), 0, 1, 3, 2)
+            lo, hi = tl.split(x)
+            x = tl.reshape(tl.permute(tl.join(lo + hi, lo - hi), 0, 1, 3, 2), [BL, DP])
         x = x * ROT_NORM
     codes, scales, vals = _cast_blocks(tl.reshape(x, [BL, DP // 32, 32]), CEIL, Q_EXP, Q_MANT, 2)
     base = bh.to(tl.int64) * L_PAD + rows[:, None].to(tl.int64)

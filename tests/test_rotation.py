@@ -108,3 +108,14 @@ def test_errors_name_the_problem():
         hadamard_matrix(12)
     with pytest.raises(TypeError, match="n must be an int"):
         hadamard_matrix(8.0)
+
+
+def test_rotation_block_matches_the_matrix_and_refuses_what_rotate_refuses():
+    from mxattention.rotation import rotation_block, rotation_matrix
+
+    for d, b in ((128, 128), (80, 16), (96, 32), (160, 32), (8, 8)):
+        assert rotation_block(d) == b
+        r = rotation_matrix(d)
+        assert torch.count_nonzero(r[:b, b:]) == 0 and torch.count_nonzero(r[:b, :b]) == b * b
+    with pytest.raises(ValueError, match="head dim 36"):
+        rotation_block(36)

@@ -1,6 +1,7 @@
 """Hadamard rotation of the head dimension (applied to Q and K before quantization; SPEC section 3).
 
-Exposes `hadamard_matrix(n)`, `fwht(x)`, `hadamard_block_size(d)`, `rotation_matrix(d)` and `rotate(x)`.
+Exposes `hadamard_matrix(n)`, `fwht(x)`, `hadamard_block_size(d)`, `rotation_block(d)`, `rotation_matrix(d)`
+and `rotate(x)`.
 
 All Hadamard matrices here are the normalized Sylvester ones, H_1 = [1], H_2n = [[H_n, H_n], [H_n, -H_n]]
 / sqrt(2): orthogonal and symmetric, hence their own inverse. `rotate` uses the full H_d when the head dim
@@ -94,7 +95,11 @@ def hadamard_block_size(d: int) -> int:
     return d & -d
 
 
-def _block_for(d: int) -> int:
+def rotation_block(d: int) -> int:
+    """The Hadamard block size that `rotate` uses for head dim d (d itself for a power of two).
+
+    Raises ValueError for a head dim that `rotate` does not support. Cheap: no matrix is built.
+    """
     b = hadamard_block_size(d)
     if b != d and b < MIN_BLOCK:
         raise ValueError(
@@ -108,7 +113,7 @@ def rotation_matrix(
     d: int, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
 ) -> torch.Tensor:
     """The d x d matrix R that `rotate` multiplies by: H_d, or diag(H_b, ..., H_b) (see the module doc)."""
-    b = _block_for(_check_size(d, "d"))
+    b = rotation_block(d)
     return torch.block_diag(*[hadamard_matrix(b, dtype=torch.float64)] * (d // b)).to(
         dtype=dtype, device=device
     )
@@ -123,6 +128,6 @@ def rotate(x: torch.Tensor) -> torch.Tensor:
     d = x.shape[-1]
     if d == 0:
         raise ValueError("rotate needs a non-empty last (head) dim of x, got 0")
-    b = _block_for(d)
+    b = rotation_block(d)
     blocks = x.reshape(*x.shape[:-1], d // b, b)
     return _fwht_unchecked(blocks).reshape(x.shape)

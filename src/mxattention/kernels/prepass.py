@@ -30,7 +30,7 @@ from mxattention.formats.scale_rules import ScaleRule
 from mxattention.kernels._triton import tl, triton
 from mxattention.kernels.cast import e2m1_round, exp2_int, ladder_code, pack_nibbles, shared_exponent
 from mxattention.kernels.rules import rule_constants
-from mxattention.rotation import hadamard_block_size, rotation_matrix
+from mxattention.rotation import rotation_block
 
 
 def padded_dim(d: int) -> int:
@@ -190,9 +190,7 @@ def prepass_qk(
     else:
         codes = torch.empty((b, h, lp, dp // 2), dtype=torch.uint8, device=x.device)
         scales = torch.empty((b, h, lp, dp // MX_BLOCK_SIZE), dtype=torch.uint8, device=x.device)
-    blk = hadamard_block_size(d) if hadamard else 1
-    if hadamard:
-        rotation_matrix(d)  # raises the same error as the reference for an unsupported d
+    blk = rotation_block(d) if hadamard else 1  # raises the reference's error for an unsupported d
     bl = 16 if dp >= 256 else 32  # 32 values per thread: the measured optimum (benchmarks/NOTES.md)
     assert lp % bl == 0
     _qk_prepass_kernel[(lp // bl, b * h)](

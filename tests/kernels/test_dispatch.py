@@ -9,6 +9,7 @@ import mxattention as mx
 from mxattention.attention.config import PRESETS
 from mxattention.attention.reference import reference_attention
 from mxattention.kernels import op
+from mxattention.kernels._triton import kernels_interpreted
 from mxattention.kernels.fused import fused_attention
 
 from .helpers import qkv
@@ -43,6 +44,13 @@ def test_cpu_uses_reference_and_warns_once(monkeypatch):
     assert torch.equal(out, ref)
 
 
+# MXATTENTION_CPU_KERNELS sends CPU tensors to the kernels only where Triton interprets them.
+cpu_kernels = pytest.mark.skipif(
+    not kernels_interpreted(), reason="needs TRITON_INTERPRET=1 (a CPU-only run)"
+)
+
+
+@cpu_kernels
 def test_nvfp4_reason(monkeypatch):
     monkeypatch.setenv("MXATTENTION_CPU_KERNELS", "1")
     q, k, v = qkv(1, 1, 1, 16, 32, 64)
@@ -54,6 +62,7 @@ def test_nvfp4_reason(monkeypatch):
     assert len(msgs) == 2 and "NVFP4" in msgs[0]
 
 
+@cpu_kernels
 def test_kernel_path_through_public_function(monkeypatch):
     """With MXATTENTION_CPU_KERNELS=1 CPU tensors take the (interpreted) kernels: GQA, mask, lse."""
     monkeypatch.setenv("MXATTENTION_CPU_KERNELS", "1")

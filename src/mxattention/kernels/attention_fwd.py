@@ -43,6 +43,7 @@ from mxattention.kernels.cast import (
     dequant_e2m1,
     e2m1_round,
     exp2_int,
+    ladder_code,
     pack_nibbles,
     shared_exponent,
 )
@@ -190,10 +191,8 @@ def _attend_tile(
     if DOT_SCALED:
         v_codes = tl.load(Vc + v_rows // 2 + (start_n // 2 + tl.arange(0, BN // 2))[None, :])
         v_scales = tl.load(Vs + v_rows // 32 + (start_n // 32 + tl.arange(0, BN // 32))[None, :])
-        # p_hat / 2**e is exactly on the E2M1 ladder; its bits give the code.
-        r = tl.reshape(p_hat3 / two_e[:, :, None], [BM, BN])
-        rb = r.to(tl.int32, bitcast=True)
-        code = tl.where(r >= 1.0, (((rb >> 23) - 126) << 1) | ((rb >> 22) & 1), (r * 2.0).to(tl.int32))
+        # p_hat / 2**e is exactly on the E2M1 ladder (nonnegative: the code is the magnitude code).
+        code = ladder_code(tl.reshape(p_hat3 / two_e[:, :, None], [BM, BN]))
         p_scales = (two_e.to(tl.int32, bitcast=True) >> 23).to(tl.uint8)
         o_tilde = tl.dot_scaled(
             pack_nibbles(code, BM, BN), p_scales, "e2m1", tl.trans(v_codes), v_scales, "e2m1", o_tilde

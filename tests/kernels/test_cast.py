@@ -1,9 +1,12 @@
 """The attention kernel's P~ cast (`block_scale` + `e2m1_round`) equals `fake_quantize` bit for bit.
 
-`block_scale` takes the shared exponent from the bits in four integer ops; it must give the same
-2**e as the general `shared_exponent` (and the PyTorch rule) for every block maximum in its domain
-(0 < amax < 2**127), subnormals included, and 2**-127 for an all-zero block.
+`block_scale` takes the shared exponent from the bits in four integer ops (boundaries >= 2); it must
+give the same 2**e as the general `shared_exponent` (and the PyTorch rule) for every block maximum
+in its domain (0 < amax < 2**127), subnormals included, and 2**-127 for an all-zero block. A
+boundary below 2 (1.5 here) takes the general path.
 """
+
+import warnings
 
 import pytest
 import torch
@@ -17,7 +20,7 @@ from mxattention.kernels.cast import shared_exponent as kernel_shared_exponent
 from mxattention.kernels.rules import rule_constants
 from tests.formats.hard_values import hard_values
 
-RULES = ("ocp", "tfs", "uos", 5.3, 7.0000001, 2.5)
+RULES = ("ocp", "tfs", "uos", 5.3, 7.0000001, 2.5, 1.5)
 
 
 @triton.jit
@@ -50,14 +53,19 @@ def _nonneg_blocks(seed: int, below: float = 2.0**126) -> torch.Tensor:
 @pytest.mark.parametrize("rule", RULES)
 def test_block_scale_equals_shared_exponent(rule, device):
     x = _nonneg_blocks(seed=1)
-    scale, general, _ = _run(x, rule, device)
+    with warnings.catch_warnings():
+        # The kernel also rounds; above e2m1_round's domain (2**105) that output, unused here,
+        # overflows in the interpreter (6 * 2**127 for the 1.5 boundary).
+        warnings.simplefilter("ignore", RuntimeWarning)
+        scale, general, _ = _run(x, rule, device)
     amax = x.amax(-1)
     ref = torch.exp2(shared_exponent(amax, resolve_rule(rule, E2M1), E2M1).float())
     pos = amax > 0
     assert pos.sum() > 1500 and (pos & (amax < 2.0**-126)).sum() > 20  # subnormal maxima are covered
     assert torch.equal(scale[pos], ref[pos])
     assert torch.equal(general[pos], ref[pos])
-    assert (scale[~pos] == 2.0**-127).all()
+    zero_scale = 2.0**-127 if rule_constants(rule).q_exp >= 1 else 1.0
+    assert (scale[~pos] == zero_scale).all()
 
 
 @pytest.mark.parametrize("rule", RULES)
@@ -70,18 +78,3 @@ def test_p_cast_equals_fake_quantize(rule, device):
     for vals in (x, p):
         _, _, out = _run(vals, rule, device)
         assert torch.equal(out, fake_quantize(vals, axis=-1, rule=rule))
-
-
-def test_block_scale_refuses_emax_zero(device):
-    """A boundary below 2 (Q_EXP = 0) is outside block_scale's exact domain: a compile-time error."""
-    rc = rule_constants(1.5)
-    assert rc.q_exp == 0
-    x = torch.ones(16, 32, device=device)
-    with pytest.raises(Exception) as info:
-        _p_cast_kernel[(1,)](x, x[:, 0], x[:, 1], torch.empty_like(x), rc.ceil, 0, rc.q_mant)
-    # Compiled, the message sits on the inner error of the helper; interpreted, on the error itself.
-    chain, err = [], info.value
-    while err is not None:
-        chain.append(str(err))
-        err = err.__cause__
-    assert any("block_scale needs emax >= 1" in m for m in chain)

@@ -42,10 +42,8 @@ from mxattention.kernels.cast import (
     block_scale,
     dequant_e2m1,
     e2m1_round,
-    exp2_int,
     ladder_code,
     pack_nibbles,
-    shared_exponent,
 )
 
 MATRIX_PATHS = ("bf16", "dot_scaled")
@@ -174,10 +172,7 @@ def _attend_tile(
     alpha = tl.math.exp2(m - m_use)
     p3 = tl.math.exp2(tl.fma(s3, c, -m_use[:, None, None]))
     p_blk = tl.math.exp2(s_blk * c - m_use[:, None])
-    if Q_EXP >= 1:
-        two_e = block_scale(p_blk, CEIL, Q_EXP, Q_MANT)
-    else:  # a boundary below 2: outside block_scale's domain
-        two_e = exp2_int(shared_exponent(p_blk, CEIL, Q_EXP, Q_MANT))
+    two_e = block_scale(p_blk, CEIL, Q_EXP, Q_MANT)
     p_hat3 = e2m1_round(p3, two_e[:, :, None])
     if ABLATE & 1:
         p_hat3 = p3

@@ -7,9 +7,9 @@ the same exact integer / power-of-two arithmetic so the bytes agree bit for bit:
   (floor rule: E - Q_EXP; ceil rule with boundary q = (1 + Q_MANT / 2**23) * 2**Q_EXP:
   E - Q_EXP + [mantissa(M) > mantissa(q)]), clamped to [-127, 127], 0 for a zero block.
 - `exp2_int`: 2**e as fp32 for integer e in [-127, 127] (2**-127 is subnormal).
-- `block_scale`: 2**e of the same rule straight from the bits in four integer ops, for the
-  attention kernel's P~ blocks (maxima in [0, 2**127), emax >= 1: the subnormal and clamp cases
-  of `shared_exponent` fall out of the arithmetic; an all-zero block gets 2**-127, not 1).
+- `block_scale`: 2**e of the same rule, for the attention kernel's P~ blocks (maxima in
+  [0, 2**127)); for boundaries >= 2 straight from the bits in four integer ops, where the
+  subnormal and clamp cases of `shared_exponent` fall out of the arithmetic.
 - `e2m1_round`: round-to-nearest-even onto the E2M1 ladder times 2**e, as a value (the
   decision of `formats.rounding.round_magnitude`); `ladder_code`: the 3-bit code of such a value.
 - `pack_nibbles`, `unpack_nibbles`, `dequant_e2m1`: packing (element 2i in the low nibble) and
@@ -48,19 +48,22 @@ def shared_exponent(amax, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.co
 
 @triton.jit
 def block_scale(amax, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constexpr):
-    """2**e (fp32) of `shared_exponent(amax)` for fp32 block maxima 0 < amax < 2**127, Q_EXP >= 1.
+    """2**e (fp32) of `shared_exponent(amax)` for fp32 block maxima 0 < amax < 2**127.
 
-    Adding 0x7FFFFF - Q_MANT to the bits carries into the exponent field iff the mantissa field
-    exceeds Q_MANT (the ceil rule's "+1"); subtracting Q_EXP from the field gives e + 127, and a
-    field <= 0 means e <= -127, clamped to 2**-127 (subnormal amax always lands there when
-    Q_EXP >= 1). amax = 0 also gives 2**-127: the block's values are all 0 under any scale.
+    With Q_EXP >= 1 (every boundary >= 2, all the E2M1 rules in use) four integer ops: adding
+    0x7FFFFF - Q_MANT to the bits carries into the exponent field iff the mantissa field exceeds
+    Q_MANT (the ceil rule's "+1"); subtracting Q_EXP from the field gives e + 127, and a field <= 0
+    means e <= -127, clamped to 2**-127 (subnormal amax always lands there). amax = 0 gives 2**-127
+    there (1 on the general path below): the block's values are 0 under any scale.
     """
-    tl.static_assert(Q_EXP >= 1, "block_scale needs emax >= 1; use shared_exponent")
-    bits = amax.to(tl.int32, bitcast=True)
-    if CEIL:
-        bits = bits + (0x7FFFFF - Q_MANT)
-    field = (bits & 0x7F800000) - (Q_EXP << 23)
-    return tl.maximum(field, 0x400000).to(tl.float32, bitcast=True)
+    if Q_EXP >= 1:
+        bits = amax.to(tl.int32, bitcast=True)
+        if CEIL:
+            bits = bits + (0x7FFFFF - Q_MANT)
+        field = (bits & 0x7F800000) - (Q_EXP << 23)
+        return tl.maximum(field, 0x400000).to(tl.float32, bitcast=True)
+    # A boundary below 2: subnormal maxima need shared_exponent's exact handling.
+    return exp2_int(shared_exponent(amax, CEIL, Q_EXP, Q_MANT))
 
 
 @triton.jit

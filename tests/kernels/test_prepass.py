@@ -36,7 +36,7 @@ def _check_qk(x, rule, hadamard, device):
 
 @pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("hadamard", [False, True])
-@pytest.mark.parametrize("d", [32, 64, 80, 128])
+@pytest.mark.parametrize("d", [32, 64, 80, 128, 160, 256])
 def test_qk_bytes_equal_mx_quantize(rule, hadamard, d, device):
     g = torch.Generator().manual_seed(d * 7 + hadamard)
     _check_qk(_outliers((2, 2, 37, d), g), rule, hadamard, device)
@@ -64,7 +64,7 @@ def test_qk_half_inputs(dtype, device):
 
 
 @pytest.mark.parametrize("rule", RULES)
-@pytest.mark.parametrize("d", [64, 80])
+@pytest.mark.parametrize("d", [32, 64, 80, 128, 256])
 def test_v_bytes_equal_mx_quantize(rule, d, device):
     g = torch.Generator().manual_seed(d)
     v = _outliers((1, 2, 100, d), g)
@@ -75,6 +75,29 @@ def test_v_bytes_equal_mx_quantize(rule, d, device):
     assert torch.equal(codes[:, :, :d, : nb * 16].cpu(), ref.data)
     assert torch.equal(scales[:, :, :d, :nb].cpu(), ref.scales)
     assert (codes[:, :, :, nb * 16 :] == 0).all() and (scales[:, :, :, nb:] == 127).all()
+
+
+@pytest.mark.parametrize("layout", ["blhd", "strided_d"])
+def test_strided_inputs(layout, device):
+    """Views as models hand them over ([B, L, H, D] transposed; every other column) read correctly."""
+    g = torch.Generator().manual_seed(11)
+    chan = torch.exp(2 * torch.randn(128, generator=g))
+    if layout == "blhd":
+        base = torch.randn(2, 70, 3, 64, generator=g) * chan[:64]
+        x, dev = base.transpose(1, 2), base.to(device).transpose(1, 2)
+    else:
+        base = torch.randn(2, 3, 70, 128, generator=g) * chan
+        x, dev = base[..., ::2], base.to(device)[..., ::2]
+    assert dev.stride() == x.stride() and not x.is_contiguous()
+    codes, scales = prepass_qk(dev, "uos", hadamard=True)
+    ref = mx_quantize(rotate(x.contiguous()), axis=-1, rule="uos")
+    assert torch.equal(codes[..., :70, :32].cpu(), ref.data) and torch.equal(
+        scales[..., :70, :2].cpu(), ref.scales
+    )
+    codes, scales = prepass_v(dev, "ocp")
+    ref = mx_quantize(x.contiguous(), axis=-2, rule="ocp")
+    assert torch.equal(codes[..., :64, :48].cpu(), ref.data)  # 70 keys padded to 3 blocks
+    assert torch.equal(scales[..., :64, :3].cpu(), ref.scales)
 
 
 @pytest.mark.parametrize("hadamard", [False, True])

@@ -83,6 +83,58 @@ def _load_tile(
 
 
 @triton.jit
+def _load_rows(
+    X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL: tl.constexpr, DP: tl.constexpr
+):
+    """As `_load_tile`, laid out one row per thread.
+
+    Loaded as [BL, DP / 8, 8]: Triton's coalescing gives the 8 contiguous elements (16 bytes) to
+    one thread and, the two outer axes being equally non-contiguous, spreads the lanes over the rows;
+    the chunks of a row repeat in the same thread. Every butterfly of the rotation and every MX
+    block of the cast then stays in registers (no shuffles, no shared-memory layout changes: ~40 %
+    fewer instructions), at the price of loads that touch 32 rows per instruction. That wins where
+    the pass is bound by instructions (packed output, or DP <= 64), not for the bf16 output at
+    DP = 128 (benchmarks/NOTES.md, v6).
+    """
+    b = bh // H
+    h = bh % H
+    rows = pid * BL + tl.arange(0, BL)
+    cols3 = tl.arange(0, DP // 8)[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+    ptrs = X + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
+    ptrs = ptrs + rows[:, None, None].to(tl.int64) * stride_l + cols3 * stride_d
+    x = tl.load(ptrs, mask=(rows[:, None, None] < L) & (cols3 < D), other=0.0).to(tl.float32)
+    return tl.reshape(x, [BL, DP]), rows, tl.arange(0, DP)
+
+
+@triton.jit
+def _load_key_blocks(
+    X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL: tl.constexpr, DP: tl.constexpr
+):
+    """As `_load_tile`, laid out for casts along the keys: each thread holds 16 keys x 8 columns.
+
+    Loaded as [DP / 8, 2, BL / 32, 16, 8] (key = 32 block + 16 half + k): the lanes spread over the
+    16-byte column chunks, then over the two halves of a 32-key block; the 16 keys of a half stay
+    in one thread, so a block max is 15 in-thread maxima and one exchange between two lanes, and a
+    warp's load still reads whole 256-byte rows.
+    """
+    b = bh // H
+    h = bh % H
+    keys = (
+        tl.arange(0, 2)[None, :, None, None, None] * 16
+        + tl.arange(0, BL // 32)[None, None, :, None, None] * 32
+        + tl.arange(0, 16)[None, None, None, :, None]
+    )
+    rows5 = pid * BL + keys
+    cols5 = tl.arange(0, DP // 8)[:, None, None, None, None] * 8 + tl.arange(0, 8)[None, None, None, None, :]
+    ptrs = X + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
+    ptrs = ptrs + rows5.to(tl.int64) * stride_l + cols5 * stride_d
+    x = tl.load(ptrs, mask=(rows5 < L) & (cols5 < D), other=0.0).to(tl.float32)
+    # [chunk, half, block, k, e] -> [block, half, k, chunk, e] = [BL // 32, 32, DP]
+    x = tl.reshape(tl.permute(x, 2, 1, 3, 0, 4), [BL // 32, 32, DP])
+    return x, pid * BL + tl.arange(0, BL), tl.arange(0, DP)
+
+
+@triton.jit
 def _qk_prepass_kernel(
     X,
     Codes,
@@ -97,6 +149,7 @@ def _qk_prepass_kernel(
     L_PAD,
     BL: tl.constexpr,
     DP: tl.constexpr,
+    ROW_LAYOUT: tl.constexpr,
     ROTATE: tl.constexpr,
     ROT_LEVELS: tl.constexpr,
     ROT_NORM: tl.constexpr,
@@ -107,7 +160,10 @@ def _qk_prepass_kernel(
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
-    x, rows, cols = _load_tile(X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL, DP)
+    if ROW_LAYOUT:
+        x, rows, cols = _load_rows(X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL, DP)
+    else:
+        x, rows, cols = _load_tile(X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL, DP)
     if ROTATE:
         # Butterfly level i pairs columns (j, j + 2**i) inside blocks of 2**(i+1), as rotation.fwht.
         for i in tl.static_range(ROT_LEVELS):
@@ -148,8 +204,12 @@ def _v_prepass_kernel(
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
-    x, rows, cols = _load_tile(X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL, DP)
-    codes, scales, vals = _cast_blocks(tl.reshape(x, [BL // 32, 32, DP]), CEIL, Q_EXP, Q_MANT, 1)
+    if DP <= 128:
+        x, rows, cols = _load_key_blocks(X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL, DP)
+    else:  # 16 keys x 8 columns of 256 would be 256 values per thread: spills
+        x, rows, cols = _load_tile(X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL, DP)
+        x = tl.reshape(x, [BL // 32, 32, DP])
+    codes, scales, vals = _cast_blocks(x, CEIL, Q_EXP, Q_MANT, 1)
     if OUT_BF16:
         vals = tl.reshape(vals, [BL, DP])
         rows64 = bh.to(tl.int64) * L_PAD + rows[:, None].to(tl.int64)
@@ -161,6 +221,35 @@ def _v_prepass_kernel(
     tl.store(Codes + base // 2 + pid * (BL // 2) + tl.arange(0, BL // 2)[None, :], packed)
     s_t = tl.trans(scales).to(tl.uint8)
     tl.store(Scales + base // 32 + pid * (BL // 32) + tl.arange(0, BL // 32)[None, :], s_t)
+
+
+# (rows per program, warps) of each pass and layout; H200 sweep (benchmarks/results/raw/
+# prepass_sweep_v6_h200.json). Row layout: one row per thread, 32 rows per warp. Module state so
+# the benchmark can sweep them.
+PREPASS_TILES = {
+    "qk_rows": (128, 4),
+    "qk_tile": (32, 4),
+    "qk_tile_256": (16, 4),
+    "v_bf16": (32, 1),
+    "v_packed": (64, 2),
+    "v_256": (32, 4),
+}
+
+
+def _qk_row_layout(dp: int, out_bf16: bool) -> bool:
+    """The row-per-thread layout, except where its loads cost more than its instructions save
+    (bf16 output at DP = 128) or a row is too long for one thread's registers (DP = 256)."""
+    return dp <= 64 or (dp <= 128 and not out_bf16)
+
+
+def _tile(key: str, lp: int) -> tuple[int, int]:
+    """(rows per program, warps) of PREPASS_TILES[key], halved until the rows divide lp."""
+    if lp % MX_BLOCK_SIZE:
+        raise ValueError(f"len_multiple must be a multiple of {MX_BLOCK_SIZE} (one MX block of keys)")
+    rows, warps = PREPASS_TILES[key]
+    while lp % rows:
+        rows, warps = rows // 2, max(1, warps // 2)
+    return rows, warps
 
 
 def _rule_args(rule: str | float | ScaleRule) -> dict:
@@ -191,8 +280,8 @@ def prepass_qk(
         codes = torch.empty((b, h, lp, dp // 2), dtype=torch.uint8, device=x.device)
         scales = torch.empty((b, h, lp, dp // MX_BLOCK_SIZE), dtype=torch.uint8, device=x.device)
     blk = rotation_block(d) if hadamard else 1  # raises the reference's error for an unsupported d
-    bl = 16 if dp >= 256 else 32  # 32 values per thread: the measured optimum (benchmarks/NOTES.md)
-    assert lp % bl == 0
+    row_layout = _qk_row_layout(dp, out_bf16)
+    bl, warps = _tile("qk_rows" if row_layout else ("qk_tile" if dp <= 128 else "qk_tile_256"), lp)
     _qk_prepass_kernel[(lp // bl, b * h)](
         x,
         codes,
@@ -204,11 +293,13 @@ def prepass_qk(
         lp,
         BL=bl,
         DP=dp,
+        ROW_LAYOUT=row_layout,
         ROTATE=hadamard,
         ROT_LEVELS=blk.bit_length() - 1,
         ROT_NORM=1.0 / math.sqrt(blk),
         OUT_BF16=out_bf16,
         **_rule_args(rule),
+        num_warps=warps,
     )
     return codes if out_bf16 else (codes, scales)
 
@@ -229,9 +320,20 @@ def prepass_v(
     else:
         codes = torch.empty((b, h, dp, lp // 2), dtype=torch.uint8, device=v.device)
         scales = torch.empty((b, h, dp, lp // MX_BLOCK_SIZE), dtype=torch.uint8, device=v.device)
-    bl = 32  # one MX block of keys
-    assert lp % bl == 0
+    bl, warps = _tile("v_256" if dp > 128 else ("v_bf16" if out_bf16 else "v_packed"), lp)
     _v_prepass_kernel[(lp // bl, b * h)](
-        v, codes, scales, n, d, h, *v.stride(), lp, BL=bl, DP=dp, OUT_BF16=out_bf16, **_rule_args(rule)
+        v,
+        codes,
+        scales,
+        n,
+        d,
+        h,
+        *v.stride(),
+        lp,
+        BL=bl,
+        DP=dp,
+        OUT_BF16=out_bf16,
+        **_rule_args(rule),
+        num_warps=warps,
     )
     return codes if out_bf16 else (codes, scales)

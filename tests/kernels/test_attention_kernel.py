@@ -130,3 +130,44 @@ def test_full_and_masked_tiles(path, device):
     _check(compare(q, k, v, cfg, matrix_path=path, device=device), "tail")
     mask = torch.rand(1, 2, 70, 250, generator=torch.Generator().manual_seed(1)) > 0.3
     _check(compare(q, k, v, cfg, mask=mask, matrix_path=path, device=device), "bool mask")
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_kv_head_chunks_change_nothing(is_causal, device):
+    """The bf16 layout's head chunks (a memory bound) give the very same O, lse and Q(P~) as one
+    launch: GQA groups stay whole, the mask and the outputs are sliced per chunk, batches kept."""
+    from mxattention.kernels.fused import fused_attention
+
+    q, k, v = qkv(2, 6, 3, 70, 150, 64, seed=9)
+    mask = torch.rand(2, 1, 1, 150, generator=torch.Generator().manual_seed(9)) > 0.2
+    mask = mask.expand(2, 6, 70, 150).to(device)
+    cfg = get_method("mxattention")
+    args = dict(
+        mask=mask, is_causal=is_causal, scale=0.125, matrix_path="bf16", kv_layout="bf16", debug_p=True
+    )
+    q, k, v = q.to(device), k.to(device), v.to(device)
+    whole = fused_attention(q, k, v, cfg, kv_chunk_bytes=None, **args)
+    # One KV head's K^ + V^ (2 batches, 256 padded keys, 64 + 64 columns, bf16) is 131072 bytes.
+    for chunk in (131072, 2 * 131072):
+        parts = fused_attention(q, k, v, cfg, kv_chunk_bytes=chunk, **args)
+        for a, b in zip(whole, parts, strict=True):
+            assert torch.equal(a, b)
+
+
+def test_kv_heads_per_chunk():
+    from mxattention.kernels.fused import KV_CHUNK_MIN_BYTES, kv_heads_per_chunk
+
+    per_head = 2 * 1 * 16384 * (128 + 128)
+    assert kv_heads_per_chunk(1, 40, 16384, 128, 128, None) == 40
+    assert kv_heads_per_chunk(1, 40, 16384, 128, 128, 3 * per_head) == 3
+    assert kv_heads_per_chunk(1, 40, 16384, 128, 128, 19 * per_head) == 14  # 3 balanced chunks, not 19+19+2
+    assert kv_heads_per_chunk(1, 40, 16384, 128, 128, 1) == 1  # never fewer than one head
+    # "auto": max(KV_CHUNK_MIN_BYTES, the packed K/V bytes); small calls run in one chunk.
+    assert kv_heads_per_chunk(1, 40, 4096, 128, 128) == 40
+    assert KV_CHUNK_MIN_BYTES // per_head == 32
+    assert kv_heads_per_chunk(1, 40, 16384, 128, 128) == 20  # two balanced chunks, not 32 + 8
+    big = kv_heads_per_chunk(1, 40, 75648, 128, 128)
+    assert 2 * 75648 * 256 * big <= 40 * 75648 * 256 * (0.5 + 1 / 32)
+    for bad in (0, -5, 1.5, "big", True):
+        with pytest.raises(ValueError, match="kv_chunk_bytes"):
+            kv_heads_per_chunk(1, 40, 4096, 128, 128, bad)

@@ -16,6 +16,10 @@ from mxattention.kernels._triton import HAS_TRITON, kernels_interpreted
 MAX_HEAD_DIM = 256
 KV_LAYOUTS = ("packed", "bf16")
 CPU_KERNELS_ENV = "MXATTENTION_CPU_KERNELS"
+# The bf16 K^/V^ layout runs in head chunks whose K^ + V^ take at most max(this, the packed K/V bytes
+# of the whole call): extra memory stays within the packed operands plus a constant, and a chunk
+# still fills the GPU for many waves (benchmarks/NOTES.md, v6).
+KV_CHUNK_MIN_BYTES = 256 * 2**20
 
 
 def cpu_kernels_requested() -> bool:
@@ -58,6 +62,7 @@ def fused_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     kv_layout: str | None = None,
+    kv_chunk_bytes: int | str | None = "auto",
     debug_p: bool = False,
 ):
     """(O [B, Hq, Lq, Dv] in query's dtype, lse [B, Hq, Lq] fp32) by the fused kernels.
@@ -68,51 +73,82 @@ def fused_attention(
     `kv_layout`: "packed" (E2M1 bytes + E8M0 scales, decoded in the inner loop: 0.53 bytes per element)
     or "bf16" (the pre-pass writes the exact dequantized K^, V^ in bf16: 2 bytes per element, and the
     inner loop only multiplies); default "bf16" on the Hopper path, "packed" for dot_scaled.
+    `kv_chunk_bytes` (bf16 layout): the pre-pass and the kernel run over groups of KV heads whose
+    K^ + V^ take at most this many bytes (at least one head per group); "auto" (default) means
+    max(KV_CHUNK_MIN_BYTES, the packed K/V bytes of the call), None one group.
     """
     from mxattention.kernels.attention_fwd import default_matrix_path, mx_attention_fwd
-    from mxattention.kernels.prepass import padded_dim, prepass_qk, prepass_v
+    from mxattention.kernels.prepass import padded_dim, padded_len, prepass_qk, prepass_v
     from mxattention.kernels.rules import rule_constants
 
     b, hq, lq, d = query.shape
     hk, lk, dv = key.shape[1], key.shape[2], value.shape[3]
     bm = block_m or (128 if padded_dim(max(d, dv)) <= 128 else 64)
     bn = cfg.block_n
-    qp = prepass_qk(query, cfg.q.rule, hadamard=cfg.hadamard, len_multiple=max(bm, 128))
     path = matrix_path or default_matrix_path(query.device)
     layout = kv_layout or ("bf16" if path == "bf16" else "packed")
     if layout not in KV_LAYOUTS:
         raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {layout!r}")
     wide = layout == "bf16"
-    kp = prepass_qk(key, cfg.k.rule, hadamard=cfg.hadamard, len_multiple=max(bn, 128), out_bf16=wide)
-    vp = prepass_v(value, cfg.v.rule, len_multiple=max(bn, 128), out_bf16=wide)
+    lkp = padded_len(lk, max(bn, 128))
     # The interpreter's fp32 -> bf16 cast truncates (Triton 3.9); there torch does the final cast.
     out_dtype = torch.float32 if kernels_interpreted() else query.dtype
     out = torch.empty((b, hq, lq, dv), dtype=out_dtype, device=query.device)
+    lse = torch.empty((b, hq, lq), dtype=torch.float32, device=query.device)
     pr = rule_constants(cfg.p.rule)
-    dbg = None
-    if debug_p:
-        lkp = kp.shape[2] if wide else kp[0].shape[2]
-        dbg = torch.zeros((b, hq, lq, lkp), dtype=torch.float32, device=query.device)
-    lse = mx_attention_fwd(
-        qp,
-        kp,
-        vp,
-        lq=lq,
-        lk=lk,
-        dv=dv,
-        group=hq // hk,
-        out=out,
-        p_rule=(pr.ceil, pr.q_exp, pr.q_mant),
-        pnq=cfg.pnq,
-        block_n=bn,
-        scale=scale,
-        is_causal=is_causal,
-        mask=mask,
-        matrix_path=path,
-        block_m=bm,
-        num_warps=num_warps or (8 if bm >= 128 else 4),
-        num_stages=num_stages or 3,
-        debug_p=dbg,
-    )
+    dbg = torch.zeros((b, hq, lq, lkp), dtype=torch.float32, device=query.device) if debug_p else None
+    group = hq // hk
+    step = hk
+    if wide:
+        step = kv_heads_per_chunk(b, hk, lkp, padded_dim(d), padded_dim(dv), kv_chunk_bytes)
+    for h0 in range(0, hk, step):
+        kv, qh = slice(h0, h0 + step), slice(h0 * group, (h0 + step) * group)
+        qp = prepass_qk(query[:, qh], cfg.q.rule, hadamard=cfg.hadamard, len_multiple=max(bm, 128))
+        kp = prepass_qk(
+            key[:, kv], cfg.k.rule, hadamard=cfg.hadamard, len_multiple=max(bn, 128), out_bf16=wide
+        )
+        vp = prepass_v(value[:, kv], cfg.v.rule, len_multiple=max(bn, 128), out_bf16=wide)
+        if dbg is not None:
+            dbg_chunk = torch.zeros_like(dbg[:, qh])
+        lse[:, qh] = mx_attention_fwd(
+            qp,
+            kp,
+            vp,
+            lq=lq,
+            lk=lk,
+            dv=dv,
+            group=group,
+            out=out[:, qh],
+            p_rule=(pr.ceil, pr.q_exp, pr.q_mant),
+            pnq=cfg.pnq,
+            block_n=bn,
+            scale=scale,
+            is_causal=is_causal,
+            mask=None if mask is None else mask[:, qh],
+            matrix_path=path,
+            block_m=bm,
+            num_warps=num_warps or (8 if bm >= 128 else 4),
+            num_stages=num_stages or 3,
+            debug_p=None if dbg is None else dbg_chunk,
+        )
+        if dbg is not None:
+            dbg[:, qh] = dbg_chunk  # the kernel indexes its buffer as a contiguous [B, heads, Lq, Lk']
     out = out.to(query.dtype)
     return (out, lse, dbg) if debug_p else (out, lse)
+
+
+def kv_heads_per_chunk(
+    b: int, hk: int, lkp: int, dp: int, dvp: int, kv_chunk_bytes: int | str | None = "auto"
+) -> int:
+    """KV heads per chunk of the bf16 layout (see `fused_attention`'s `kv_chunk_bytes`), balanced so
+    the chunks are equal but for the last: ceil(hk / ceil(hk / most))."""
+    if kv_chunk_bytes is None:
+        return hk
+    per_head = 2 * b * lkp * (dp + dvp)  # bf16 K^ and V^ of one KV head, all batches
+    if kv_chunk_bytes == "auto":
+        packed = b * hk * lkp * (dp + dvp) * (0.5 + 1 / 32)
+        kv_chunk_bytes = max(KV_CHUNK_MIN_BYTES, int(packed))
+    if isinstance(kv_chunk_bytes, bool) or not isinstance(kv_chunk_bytes, int) or kv_chunk_bytes <= 0:
+        raise ValueError(f"kv_chunk_bytes must be a positive int, 'auto' or None, got {kv_chunk_bytes!r}")
+    most = max(1, min(hk, kv_chunk_bytes // per_head))
+    return -(-hk // -(-hk // most))

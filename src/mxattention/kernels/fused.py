@@ -133,6 +133,9 @@ def fused_attention(
         )
         if dbg is not None:
             dbg[:, qh] = dbg_chunk  # the kernel indexes its buffer as a contiguous [B, heads, Lq, Lk']
+        # Freed before the next chunk's pre-pass allocates (the stream orders the reuse), so the
+        # peak holds one chunk's operands, not two.
+        del qp, kp, vp
     out = out.to(query.dtype)
     return (out, lse, dbg) if debug_p else (out, lse)
 

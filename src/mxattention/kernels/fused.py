@@ -1,6 +1,8 @@
 """`fused_attention`: pre-pass + attention kernel for one supported `AttentionConfig`, in torch terms.
 
-Exposes `fused_attention` and `unsupported_reason` (why a config / input cannot use the kernels).
+Exposes `fused_attention`, `unsupported_reason` (why a config / input cannot use the kernels) and
+`kv_heads_per_chunk` (the memory bound of the bf16 K^/V^ layout: groups of KV heads, each group's
+pre-pass and kernel run before the next group's operands exist).
 Inputs are [B, H, L, D] (the argument checks of `attention.inputs` are the caller's job).
 """
 

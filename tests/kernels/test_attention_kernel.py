@@ -171,3 +171,53 @@ def test_kv_heads_per_chunk():
     for bad in (0, -5, 1.5, "big", True):
         with pytest.raises(ValueError, match="kv_chunk_bytes"):
             kv_heads_per_chunk(1, 40, 4096, 128, 128, bad)
+
+
+@pytest.mark.parametrize("layout", ["packed", "bf16"])
+def test_extreme_block_scales(layout, device):
+    """Blocks at the ends of the E8M0 range decode exactly: Q rows and V columns near 1e36 (scale
+    2**118, above the 2**113 that one fp16-trick factor reaches), K near 1e-36 so the scores stay
+    moderate, and tiny V columns (subnormal products)."""
+    q, k, v = qkv(1, 2, 2, 40, 96, 64, seed=15)
+    q[:, :, 5:9] *= 1e36
+    k *= 1e-36
+    v[..., 3] *= 1e36
+    v[..., 7] *= 1e-36
+    c = compare(q, k, v, "mxattention", device=device, matrix_path="bf16", kv_layout=layout)
+    _check(c, f"extreme scales, {layout} K/V")
+
+
+NONFINITE = {
+    "q_nan": (0, (3, 10), float("nan")),
+    "q_inf": (0, (4, 20), float("inf")),
+    "k_nan": (1, (50, 5), float("nan")),
+    "k_inf": (1, (50, 5), -float("inf")),
+    "v_inf": (2, (60, 7), float("inf")),
+    "v_nan": (2, (60, 7), float("nan")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NONFINITE))
+@pytest.mark.parametrize("path,layout", [("bf16", "packed"), ("bf16", "bf16"), ("dot_scaled", None)])
+def test_nonfinite_inputs_as_reference(case, path, layout, device):
+    """NaN / Inf in Q, K or V: the outputs and lse are NaN / Inf exactly where the reference's are
+    (an MX block holding one becomes NaN; a NaN score stays NaN through the P~ cast's saturation),
+    and the finite rows agree."""
+    from mxattention.attention.reference import reference_attention
+    from mxattention.kernels.fused import fused_attention
+
+    which, (row, col), value = NONFINITE[case]
+    qkv_ = list(qkv(1, 1, 1, 40, 96, 64, seed=16))
+    qkv_[which][0, 0, row, col] = value
+    q, k, v = qkv_
+    cfg = get_method("mxattention")
+    ref, ref_lse = reference_attention(q, k, v, cfg, scale=0.125)
+    out, lse = fused_attention(
+        q.to(device), k.to(device), v.to(device), cfg, scale=0.125, matrix_path=path, kv_layout=layout
+    )
+    out, lse = out.float().cpu(), lse.cpu()
+    assert ref.isnan().any()  # the case is not vacuous
+    assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isinf(), ref.isinf())
+    assert torch.equal(lse.isnan(), ref_lse.isnan()) and torch.equal(lse.isinf(), ref_lse.isinf())
+    fin = torch.isfinite(ref)
+    assert torch.allclose(out[fin], ref[fin], rtol=1e-4, atol=1e-5)

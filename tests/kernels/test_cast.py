@@ -15,7 +15,7 @@ from mxattention.formats.ladders import E2M1
 from mxattention.formats.mx import fake_quantize
 from mxattention.formats.scale_rules import resolve_rule, shared_exponent
 from mxattention.kernels._triton import tl, triton
-from mxattention.kernels.cast import block_scale, e2m1_round, exp2_int
+from mxattention.kernels.cast import block_scale, dequant_e2m1, e2m1_round, exp2_int
 from mxattention.kernels.cast import shared_exponent as kernel_shared_exponent
 from mxattention.kernels.rules import rule_constants
 from tests.formats.hard_values import hard_values
@@ -78,3 +78,40 @@ def test_p_cast_equals_fake_quantize(rule, device):
     for vals in (x, p):
         _, _, out = _run(vals, rule, device)
         assert torch.equal(out, fake_quantize(vals, axis=-1, rule=rule))
+
+
+@triton.jit
+def _dequant_kernel(Packed, Scales, Out, R: tl.constexpr, C: tl.constexpr):
+    packed = tl.load(Packed + tl.arange(0, R)[:, None] * (C // 2) + tl.arange(0, C // 2)[None, :])
+    scales = tl.load(Scales + tl.arange(0, R)[:, None] * (C // 32) + tl.arange(0, C // 32)[None, :])
+    tl.store(
+        Out + tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :], dequant_e2m1(packed, scales, R, C)
+    )
+
+
+def test_dequant_every_scale_byte(device):
+    """`dequant_e2m1` (Q^ in the kernel's prologue, packed K^/V^ in its loop) equals
+    `MXTensor.dequantize` for every E8M0 byte and every code: 2**-127 to 2**127 (one power-of-two
+    factor would overflow above 2**113) and 255 = NaN."""
+    from mxattention.formats.mx import MXTensor
+
+    codes = torch.arange(16, dtype=torch.uint8).repeat(2)  # one block: each code twice
+    packed = (codes[0::2] | (codes[1::2] << 4)).repeat(256, 1)
+    scales = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(256, 1)
+    ref = MXTensor(
+        data=packed,
+        scales=scales,
+        shape=torch.Size((256, 32)),
+        axis=-1,
+        dtype=torch.float32,
+        ladder=E2M1,
+        rule=resolve_rule("ocp", E2M1),
+        block_size=32,
+    ).dequantize()
+    out = torch.empty(256, 32, device=device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the interpreter's numpy overflow to inf
+        _dequant_kernel[(1,)](packed.to(device), scales.to(device), out, R=256, C=32)
+    out = out.cpu()
+    assert torch.equal(out.isnan(), ref.isnan()) and out[255].isnan().all()
+    assert torch.equal(out[~out.isnan()], ref[~ref.isnan()])

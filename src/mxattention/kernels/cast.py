@@ -91,13 +91,15 @@ def e2m1_round(p, two_e):
     in the last place of half the binade (1 mantissa bit; step 2**(e-1) below 2**e, the subnormal
     codes 0 and 0.5), so (p + C) - C is round-to-nearest-even; then saturate at 6 * 2**e.
     Equals round_magnitude(p / 2**e) * 2**e whenever p / 2**e is exact (always, for normal p),
-    for p < 2**105 (C must stay finite); the attention kernel's P~ is at most 1.
+    for p < 2**105 (C must stay finite); the attention kernel's P~ is at most 1. NaN stays NaN.
     """
     binade = (p.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
     step = tl.maximum(binade, two_e)
     # Explicit fmas (c = step * 2**22 is exact): the same two instructions whether or not the
-    # kernel lets the compiler contract a * b + c.
-    return tl.minimum(tl.fma(step, -4194304.0, tl.fma(step, 4194304.0, p)), 6.0 * two_e)
+    # kernel lets the compiler contract a * b + c. The saturation keeps a NaN p NaN (a plain min
+    # would turn it into 6 * 2**e), as the reference's cast does.
+    r = tl.fma(step, -4194304.0, tl.fma(step, 4194304.0, p))
+    return tl.minimum(r, 6.0 * two_e, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -121,13 +123,15 @@ def dequant_e2m1(packed, scales, R: tl.constexpr, C: tl.constexpr):
     Every value has at most 2 significant bits, so the cast of the result to bf16 is exact.
 
     The 3 magnitude bits placed at fp16's exponent/mantissa boundary read as magnitude * 2**-14
-    (0.5 becomes an fp16 subnormal, still exact); the block factor 2**(e + 14) restores it. Exact
-    for scales up to 2**113 (block maxima below ~1e34), the whole range activations take.
+    (0.5 becomes an fp16 subnormal, still exact); the block factor 2**(e + 14) restores it, in two
+    powers of two where it exceeds 2**127 (scales above 2**113), each product exact. Scale byte 255
+    (a block that held NaN or Inf) decodes to NaN, as `formats.mx.dequantize`.
     """
     c = unpack_nibbles(packed, R, C)
     h = ((c & 7) << 9) | ((c & 8) << 12)
     v = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     e = scales.to(tl.int32) - 127
     f = exp2_int(tl.minimum(e + 14, 127))
-    v = tl.reshape(v, [R, C // 32, 32]) * tl.reshape(f, [R, C // 32, 1])
+    g = tl.where(scales == 255, float("nan"), exp2_int(tl.maximum(e - 113, 0)))
+    v = tl.reshape(v, [R, C // 32, 32]) * tl.reshape(f, [R, C // 32, 1]) * tl.reshape(g, [R, C // 32, 1])
     return tl.reshape(v, [R, C])

@@ -137,16 +137,19 @@ def run_shape(label, shape, args, log):
         log(f"  {label} {name}: {rows[name]}")
     torch.cuda.empty_cache()
     packed = 3 * h * max(lq, lk) * d * (0.5 + 1 / 32) / 2**20
-    # Bytes the pre-pass moves: Q, K, V read as bf16; Q^ packed, K^ and V^ bf16 written.
-    prepass_bytes = h * d * (lq * (2 + 0.5 + 1 / 32) + lk * 2 * (2 + 2))
+    # Bytes each pass moves: Q, K, V read as bf16; Q^ packed, K^ and V^ bf16 written.
+    pass_bytes = {
+        "prepass_q": h * d * lq * (2 + 0.5 + 1 / 32),
+        "prepass_k": h * d * lk * (2 + 2),
+        "prepass_v": h * d * lk * (2 + 2),
+    }
+    prepass_bytes = sum(pass_bytes.values())
     for name, nbytes in (
         ("copy", 2 * q.numel() * 2),
         ("prepass", prepass_bytes),
         ("prepass_eager", prepass_bytes),
         ("prepass_ocp", prepass_bytes),
-        ("prepass_q", h * d * lq * (2 + 0.5 + 1 / 32)),
-        ("prepass_k", h * d * lk * (2 + 2)),
-        ("prepass_v", h * d * lk * (2 + 2)),
+        *pass_bytes.items(),
     ):
         if "ms" in rows.get(name, {}):
             rows[name]["tb_per_s"] = nbytes / rows[name]["ms"] / 1e9

@@ -94,9 +94,10 @@ def test_dequant_every_scale_byte(device):
     `MXTensor.dequantize` for every E8M0 byte and every code: 2**-127 to 2**127 (one power-of-two
     factor would overflow above 2**113) and 255 = NaN."""
     from mxattention.formats.mx import MXTensor
+    from mxattention.formats.packing import pack_uint4
 
     codes = torch.arange(16, dtype=torch.uint8).repeat(2)  # one block: each code twice
-    packed = (codes[0::2] | (codes[1::2] << 4)).repeat(256, 1)
+    packed = pack_uint4(codes).repeat(256, 1)
     scales = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(256, 1)
     ref = MXTensor(
         data=packed,

@@ -41,3 +41,40 @@ def test_compile_and_cuda_graph():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(captured, eager)
+
+
+@pytest.mark.parametrize("rule", ["uos", "ocp", 5.3])
+@pytest.mark.parametrize("case", ["outliers", "nonfinite", "blhd", "many_tiles"])
+def test_gluon_k_pass_equals_tl_kernel(case, rule, monkeypatch):
+    """The pipelined Gluon K^ pass writes the `tl` kernel's bf16 values bit for bit (and so
+    fake_quantize(rotate(k))'s)."""
+    from mxattention.formats.mx import fake_quantize
+    from mxattention.kernels import prepass_hopper
+    from mxattention.kernels.prepass import prepass_qk
+    from mxattention.rotation import rotate
+
+    if torch.cuda.get_device_capability() != (9, 0) or not prepass_hopper.HAS_GLUON:
+        pytest.skip("the Gluon pass runs on sm_90")
+    g = torch.Generator(device="cuda").manual_seed(len(case))
+    b, h, n = (1, 40, 4096) if case == "many_tiles" else (2, 3, 1000)  # 1280 tiles; a ragged last tile
+    shape = (b, n, h, 128) if case == "blhd" else (b, h, n, 128)
+    x = torch.randn(shape, device="cuda", generator=g) * torch.exp(
+        2 * torch.randn(128, device="cuda", generator=g)
+    )
+    x[..., 7::50, :3] = 0.0
+    x[..., 11::97, 5] *= 1e30
+    if case == "nonfinite":
+        x[0, 0, 3, 5], x[0, 1, 40, 1], x[1, 2, 999, 0] = float("nan"), float("inf"), -float("inf")
+    if case == "blhd":
+        x = x.transpose(1, 2)
+    x = x.bfloat16()
+    assert prepass_hopper.usable(x, 1024 if n == 1000 else n, hadamard=True)
+    fast = prepass_qk(x, rule, hadamard=True, out_bf16=True)
+    assert not prepass_hopper._broken
+    monkeypatch.setattr(prepass_hopper, "usable", lambda *a, **k: False)
+    slow = prepass_qk(x, rule, hadamard=True, out_bf16=True)
+    assert torch.equal(fast.view(torch.int16), slow.view(torch.int16))
+    want = fake_quantize(rotate(x.float()), -1, rule=rule)
+    got = fast[..., :n, :].float()
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+    assert (fast[..., n:, :] == 0).all()

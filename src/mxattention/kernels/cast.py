@@ -12,6 +12,8 @@ the same exact integer / power-of-two arithmetic so the bytes agree bit for bit:
   subnormal and clamp cases of `shared_exponent` fall out of the arithmetic.
 - `e2m1_round`: round-to-nearest-even onto the E2M1 ladder times 2**e, as a value (the
   decision of `formats.rounding.round_magnitude`); `ladder_code`: the 3-bit code of such a value.
+- `cast_blocks`: the whole cast of fp32 blocks along one axis (codes, E8M0 bytes and values), as
+  `formats.mx.mx_quantize` / `fake_quantize`.
 - `pack_nibbles`, `unpack_nibbles`, `dequant_e2m1`: packing (element 2i in the low nibble) and
   decoding codes x 2**e to fp32 values that bf16 holds exactly (bf16 has fp32's exponent range).
 
@@ -135,3 +137,28 @@ def dequant_e2m1(packed, scales, R: tl.constexpr, C: tl.constexpr):
     g = tl.where(scales == 255, float("nan"), exp2_int(tl.maximum(e - 113, 0)))
     v = tl.reshape(v, [R, C // 32, 32]) * tl.reshape(f, [R, C // 32, 1]) * tl.reshape(g, [R, C // 32, 1])
     return tl.reshape(v, [R, C])
+
+
+@triton.jit
+def cast_blocks(x3, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constexpr, AXIS: tl.constexpr):
+    """MXFP4 cast of fp32 x3 in blocks along AXIS.
+
+    Returns (4-bit codes like x3, E8M0 bytes reduced over AXIS, the dequantized values like x3).
+    A block with a NaN or Inf gets scale byte 255, codes 0 and NaN values, as `mx_quantize` /
+    `fake_quantize`. Codes and values come from one rounding (`e2m1_round` on the scaled
+    magnitude, below 8), so the two outputs cannot disagree.
+    """
+    bits = x3.to(tl.int32, bitcast=True)
+    abits = bits & 0x7FFFFFFF
+    # |x| bit patterns order like the magnitudes, and Inf / NaN patterns sit above every finite one.
+    amax_bits = tl.max(abits, axis=AXIS)
+    bad = amax_bits >= 0x7F800000
+    e = shared_exponent(tl.where(bad, 0, amax_bits).to(tl.float32, bitcast=True), CEIL, Q_EXP, Q_MANT)
+    r = e2m1_round(abits.to(tl.float32, bitcast=True) * tl.expand_dims(exp2_int(-e), AXIS), 1.0)
+    sign = bits & -2147483648  # -0.0 keeps its sign, as in mx_quantize
+    codes = tl.where(tl.expand_dims(bad, AXIS), 0, ladder_code(r) | ((sign >> 28) & 8))
+    # A NaN block factor makes every value of a bad block NaN, with no select per element.
+    factor = tl.expand_dims(tl.where(bad, float("nan"), exp2_int(e)), AXIS)
+    vals = ((r * factor).to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    scales = tl.where(bad, 255, e + 127)
+    return codes, scales, vals

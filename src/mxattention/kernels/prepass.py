@@ -27,8 +27,10 @@ import torch
 
 from mxattention.formats.constants import MX_BLOCK_SIZE
 from mxattention.formats.scale_rules import ScaleRule
+from mxattention.kernels import prepass_hopper
 from mxattention.kernels._triton import tl, triton
-from mxattention.kernels.cast import e2m1_round, exp2_int, ladder_code, pack_nibbles, shared_exponent
+from mxattention.kernels.cast import cast_blocks, pack_nibbles
+from mxattention.kernels.hadamard import hadamard_rows
 from mxattention.kernels.rules import rule_constants
 from mxattention.rotation import rotation_block
 
@@ -40,31 +42,6 @@ def padded_dim(d: int) -> int:
 
 def padded_len(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
-
-
-@triton.jit
-def _cast_blocks(x3, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constexpr, AXIS: tl.constexpr):
-    """MXFP4 cast of fp32 x3 in blocks along AXIS.
-
-    Returns (4-bit codes like x3, E8M0 bytes reduced over AXIS, the dequantized values like x3).
-    A block with a NaN or Inf gets scale byte 255, codes 0 and NaN values, as `mx_quantize` /
-    `fake_quantize`. Codes and values come from one rounding (`e2m1_round` on the scaled
-    magnitude, below 8), so the two outputs cannot disagree.
-    """
-    bits = x3.to(tl.int32, bitcast=True)
-    abits = bits & 0x7FFFFFFF
-    # |x| bit patterns order like the magnitudes, and Inf / NaN patterns sit above every finite one.
-    amax_bits = tl.max(abits, axis=AXIS)
-    bad = amax_bits >= 0x7F800000
-    e = shared_exponent(tl.where(bad, 0, amax_bits).to(tl.float32, bitcast=True), CEIL, Q_EXP, Q_MANT)
-    r = e2m1_round(abits.to(tl.float32, bitcast=True) * tl.expand_dims(exp2_int(-e), AXIS), 1.0)
-    sign = bits & -2147483648  # -0.0 keeps its sign, as in mx_quantize
-    codes = tl.where(tl.expand_dims(bad, AXIS), 0, ladder_code(r) | ((sign >> 28) & 8))
-    # A NaN block factor makes every value of a bad block NaN, with no select per element.
-    factor = tl.expand_dims(tl.where(bad, float("nan"), exp2_int(e)), AXIS)
-    vals = ((r * factor).to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
-    scales = tl.where(bad, 255, e + 127)
-    return codes, scales, vals
 
 
 @triton.jit
@@ -165,13 +142,8 @@ def _qk_prepass_kernel(
     else:
         x, rows, cols = _load_tile(X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL, DP)
     if ROTATE:
-        # Butterfly level i pairs columns (j, j + 2**i) inside blocks of 2**(i+1), as rotation.fwht.
-        for i in tl.static_range(ROT_LEVELS):
-            x = tl.permute(tl.reshape(x, [BL, DP // (2 << i), 2, 1 << i]), 0, 1, 3, 2)
-            lo, hi = tl.split(x)
-            x = tl.reshape(tl.permute(tl.join(lo + hi, lo - hi), 0, 1, 3, 2), [BL, DP])
-        x = x * ROT_NORM
-    codes, scales, vals = _cast_blocks(tl.reshape(x, [BL, DP // 32, 32]), CEIL, Q_EXP, Q_MANT, 2)
+        x = hadamard_rows(x, BL, DP, ROT_LEVELS, ROT_NORM)
+    codes, scales, vals = cast_blocks(tl.reshape(x, [BL, DP // 32, 32]), CEIL, Q_EXP, Q_MANT, 2)
     base = bh.to(tl.int64) * L_PAD + rows[:, None].to(tl.int64)
     if OUT_BF16:
         vals = tl.reshape(vals, [BL, DP])
@@ -209,7 +181,7 @@ def _v_prepass_kernel(
     else:  # 16 keys x 8 columns of 256 would be 256 values per thread: spills
         x, rows, cols = _load_tile(X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL, DP)
         x = tl.reshape(x, [BL // 32, 32, DP])
-    codes, scales, vals = _cast_blocks(x, CEIL, Q_EXP, Q_MANT, 1)
+    codes, scales, vals = cast_blocks(x, CEIL, Q_EXP, Q_MANT, 1)
     if OUT_BF16:
         vals = tl.reshape(vals, [BL, DP])
         rows64 = bh.to(tl.int64) * L_PAD + rows[:, None].to(tl.int64)
@@ -280,6 +252,10 @@ def prepass_qk(
         codes = torch.empty((b, h, lp, dp // 2), dtype=torch.uint8, device=x.device)
         scales = torch.empty((b, h, lp, dp // MX_BLOCK_SIZE), dtype=torch.uint8, device=x.device)
     blk = rotation_block(d) if hadamard else 1  # raises the reference's error for an unsupported d
+    levels, norm = blk.bit_length() - 1, 1.0 / math.sqrt(blk)
+    if out_bf16 and prepass_hopper.usable(x, lp, hadamard):
+        if prepass_hopper.prepass_k_bf16(x, codes, lp, levels, norm, _rule_args(rule)):
+            return codes
     row_layout = _qk_row_layout(dp, out_bf16)
     bl, warps = _tile("qk_rows" if row_layout else ("qk_tile" if dp <= 128 else "qk_tile_256"), lp)
     _qk_prepass_kernel[(lp // bl, b * h)](
@@ -295,8 +271,8 @@ def prepass_qk(
         DP=dp,
         ROW_LAYOUT=row_layout,
         ROTATE=hadamard,
-        ROT_LEVELS=blk.bit_length() - 1,
-        ROT_NORM=1.0 / math.sqrt(blk),
+        ROT_LEVELS=levels,
+        ROT_NORM=norm,
         OUT_BF16=out_bf16,
         **_rule_args(rule),
         num_warps=warps,

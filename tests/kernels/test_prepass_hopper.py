@@ -1,0 +1,58 @@
+"""The Gluon K^ pass (`kernels.prepass_hopper`) without a GPU: it builds for sm_90 with this Triton,
+and `usable` keeps every other input on the `tl` kernel. Its bytes are checked on the GPU
+(tests/kernels/test_gpu.py::test_gluon_k_pass_equals_tl_kernel)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from mxattention.kernels import prepass_hopper
+
+pytestmark = pytest.mark.skipif(not prepass_hopper.HAS_GLUON, reason="this Triton has no Gluon cp.async")
+
+# Interpreted helpers cannot be called from a Gluon kernel, so the build runs in a fresh process
+# without TRITON_INTERPRET.
+_BUILD = textwrap.dedent(
+    """
+    import inspect, json
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from mxattention.kernels import prepass_hopper as ph
+    from mxattention.kernels.rules import rule_constants
+
+    fn = ph._k_bf16_pipelined_kernel
+    names = list(inspect.signature(fn.fn).parameters)
+    rc = rule_constants("uos")
+    consts = dict(BL=ph.TILE_ROWS, DP=ph.HEAD_DIM, STAGES=ph.STAGES, ROT_LEVELS=7, ROT_NORM=128**-0.5,
+                  CEIL=rc.ceil, Q_EXP=rc.q_exp, Q_MANT=rc.q_mant)
+    sig = {n: "constexpr" if n in consts else ("*bf16" if n in ("X", "Out") else "i32") for n in names}
+    src = GluonASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()},
+                         attrs={(names.index(n),): [["tt.divisibility", 16]] for n in ("X", "Out")})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=ph.WARPS))
+    print(json.dumps({"shared": k.metadata.shared, "cp_async": k.asm["ptx"].count("cp.async.cg.shared.global")}))
+    """
+)
+
+
+def test_builds_for_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", _BUILD], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    import json
+
+    info = json.loads(out.stdout.strip().splitlines()[-1])
+    # Two programs per SM must fit the H100/H200's 228 KiB of shared memory.
+    assert info["shared"] * prepass_hopper.PROGRAMS_PER_SM <= 227 * 1024
+    assert info["cp_async"] > 0  # 16-byte copies: the strides' alignment was proven
+
+
+def test_usable_only_for_cuda_bf16_d128():
+    x = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
+    assert not prepass_hopper.usable(x, 256, hadamard=True)  # CPU
+    assert not prepass_hopper.usable(x[..., :64], 256, hadamard=True)
+    assert not prepass_hopper.usable(x.float(), 256, hadamard=True)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not prepass_hopper.HAS_GLUON, reason="this Trito
 # without TRITON_INTERPRET.
 _BUILD = textwrap.dedent(
     """
-    import inspect, json
+    import inspect, json, sys
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -30,7 +30,8 @@ _BUILD = textwrap.dedent(
     rc = rule_constants("uos")
     consts = dict(BL=ph.TILE_ROWS, DP=ph.HEAD_DIM, STAGES=ph.STAGES, ROT_LEVELS=7, ROT_NORM=128**-0.5,
                   CEIL=rc.ceil, Q_EXP=rc.q_exp, Q_MANT=rc.q_mant)
-    sig = {n: "constexpr" if n in consts else ("*bf16" if n in ("X", "Out") else "i32") for n in names}
+    ptrs = {"X": sys.argv[1], "Out": "*bf16"}
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in names}
     src = GluonASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()},
                          attrs={(names.index(n),): [["tt.divisibility", 16]] for n in ("X", "Out")})
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=ph.WARPS))
@@ -39,9 +40,11 @@ _BUILD = textwrap.dedent(
 )
 
 
-def test_builds_for_sm90():
+@pytest.mark.parametrize("x_type", ["*bf16", "*fp16"])
+def test_builds_for_sm90(x_type):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", _BUILD], env=env, capture_output=True, text=True, timeout=600)
+    cmd = [sys.executable, "-c", _BUILD, x_type]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     import json
 

@@ -140,21 +140,46 @@ def dequant_e2m1(packed, scales, R: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def cast_blocks(x3, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constexpr, AXIS: tl.constexpr):
+def _block_amax_bits(x3, AXIS: tl.constexpr, IN_THREAD: tl.constexpr):
+    """Bits of max |x| over AXIS (a block of 32) of fp32 x3; NaN and Inf show as bits >= 0x7F800000.
+
+    IN_THREAD (AXIS is the last axis and each block lies in one thread): a tree of NaN-keeping
+    float maxima, |x| folded into the first level's instructions (31 per block, no shuffles);
+    otherwise the integer max of the |x| bit patterns, which order like the magnitudes with NaN and
+    Inf above every finite value (Triton's reduction, across lanes where it must).
+    """
+    if IN_THREAD:
+        m = tl.abs(x3)
+        for i in tl.static_range(5):
+            lo, hi = tl.split(tl.reshape(m, [x3.shape[0], x3.shape[1], 16 >> i, 2]))
+            m = tl.maximum(lo, hi, propagate_nan=tl.PropagateNan.ALL)
+        amax_bits = tl.reshape(m, [x3.shape[0], x3.shape[1]]).to(tl.int32, bitcast=True)
+    else:
+        amax_bits = tl.max(x3.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=AXIS)
+    return amax_bits
+
+
+@triton.jit
+def cast_blocks(
+    x3,
+    CEIL: tl.constexpr,
+    Q_EXP: tl.constexpr,
+    Q_MANT: tl.constexpr,
+    AXIS: tl.constexpr,
+    IN_THREAD: tl.constexpr = False,
+):
     """MXFP4 cast of fp32 x3 in blocks along AXIS.
 
     Returns (4-bit codes like x3, E8M0 bytes reduced over AXIS, the dequantized values like x3).
-    A block with a NaN or Inf gets scale byte 255, codes 0 and NaN values, as `mx_quantize` /
+    IN_THREAD: see `_block_amax_bits` (same result either way). A block with a NaN or Inf gets scale byte 255, codes 0 and NaN values, as `mx_quantize` /
     `fake_quantize`. Codes and values come from one rounding (`e2m1_round` on the scaled
     magnitude, below 8), so the two outputs cannot disagree.
     """
     bits = x3.to(tl.int32, bitcast=True)
-    abits = bits & 0x7FFFFFFF
-    # |x| bit patterns order like the magnitudes, and Inf / NaN patterns sit above every finite one.
-    amax_bits = tl.max(abits, axis=AXIS)
+    amax_bits = _block_amax_bits(x3, AXIS, IN_THREAD)
     bad = amax_bits >= 0x7F800000
     e = shared_exponent(tl.where(bad, 0, amax_bits).to(tl.float32, bitcast=True), CEIL, Q_EXP, Q_MANT)
-    r = e2m1_round(abits.to(tl.float32, bitcast=True) * tl.expand_dims(exp2_int(-e), AXIS), 1.0)
+    r = e2m1_round(tl.abs(x3) * tl.expand_dims(exp2_int(-e), AXIS), 1.0)
     sign = bits & -2147483648  # -0.0 keeps its sign, as in mx_quantize
     codes = tl.where(tl.expand_dims(bad, AXIS), 0, ladder_code(r) | ((sign >> 28) & 8))
     # A NaN block factor makes every value of a bad block NaN, with no select per element.

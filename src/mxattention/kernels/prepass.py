@@ -143,7 +143,7 @@ def _qk_prepass_kernel(
         x, rows, cols = _load_tile(X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL, DP)
     if ROTATE:
         x = hadamard_rows(x, BL, DP, ROT_LEVELS, ROT_NORM)
-    codes, scales, vals = cast_blocks(tl.reshape(x, [BL, DP // 32, 32]), CEIL, Q_EXP, Q_MANT, 2)
+    codes, scales, vals = cast_blocks(tl.reshape(x, [BL, DP // 32, 32]), CEIL, Q_EXP, Q_MANT, 2, ROW_LAYOUT)
     base = bh.to(tl.int64) * L_PAD + rows[:, None].to(tl.int64)
     if OUT_BF16:
         vals = tl.reshape(vals, [BL, DP])

@@ -102,7 +102,7 @@ if HAS_GLUON:
         row: gl.constexpr = gl.BlockedLayout([1, DP], [32, 1], [W, 1], [1, 0])
         # Chunk index XOR (row mod 8): a warp reading one chunk of 32 rows hits every bank once per 8 rows.
         swizzled: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
-        buf = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BL, DP], swizzled)
+        buf = gl.allocate_shared_memory(X.dtype.element_ty, [STAGES, BL, DP], swizzled)
         pid = gl.program_id(0)
         nprog = gl.num_programs(0)
         rows = gl.arange(0, BL, layout=gl.SliceLayout(1, io))
@@ -153,6 +153,7 @@ if HAS_GLUON:
             x = buf.index(i % STAGES).load(row).to(gl.float32)
             i += 1
             x = hadamard_rows(x, BL, DP, ROT_LEVELS, ROT_NORM)
+            # The block max as Triton's reduction: Gluon has no layout for the in-thread tree's result.
             _, _, vals = cast_blocks(gl.reshape(x, [BL, DP // 32, 32]), CEIL, Q_EXP, Q_MANT, 2)
             out = gl.convert_layout(gl.reshape(vals, [BL, DP]).to(gl.bfloat16), io)
             bh = t // tiles_per_head
@@ -167,7 +168,9 @@ _broken: list[str] = []  # the reason, once a build failed in this process
 def usable(x: torch.Tensor, lp: int, hadamard: bool) -> bool:
     """Whether `prepass_k_bf16` takes x [B, H, L, D] padded to lp rows: a CUDA sm_90 tensor with
     D = 128, rows that are 16-byte aligned (cp.async), lp a multiple of the tile, and the rotation on."""
-    if not (HAS_GLUON and hadamard and not _broken and x.is_cuda and x.dtype == torch.bfloat16):
+    if not (
+        HAS_GLUON and hadamard and not _broken and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+    ):
         return False
     if x.shape[-1] != HEAD_DIM or lp % TILE_ROWS or torch.cuda.get_device_capability(x.device) != (9, 0):
         return False

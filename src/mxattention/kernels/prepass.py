@@ -15,6 +15,9 @@ Exposes `padded_dim`, `padded_len`, `prepass_qk` and `prepass_v`.
   attention kernel's Hopper path reads K^ and V^ this way: decoding bytes in its inner loop costs
   more integer work than the two GEMMs leave room for (benchmarks/NOTES.md).
 
+On sm_90 the rotated bf16 pass at head dim 128 (the Hopper path's K^) runs as the pipelined Gluon
+kernel of `prepass_hopper` instead: same bytes, ~10 % more of the copy bandwidth.
+
 The padding lets the attention kernel load whole tiles without bounds checks; padded keys are
 masked out of the scores, padded head-dim columns are zeros on both sides of every dot.
 """

@@ -48,23 +48,10 @@ HEAD_DIM = 128
 if HAS_GLUON:
 
     @gluon.jit
-    def _copy_tile(
-        dst,
-        X,
-        t,
-        n_tiles,
-        tiles_per_head,
-        L,
-        H,
-        stride_b8,
-        stride_h8,
-        stride_l8,
-        rows,
-        cols,
-        BL: gl.constexpr,
-        DP: gl.constexpr,
-    ):
-        """Start the cp.async of row tile t (zeros past L and for t >= n_tiles) into dst."""
+    def _copy_tile(dst, t, src, BL: gl.constexpr, DP: gl.constexpr):
+        """Start the cp.async of row tile t (zeros past L and for t >= n_tiles) into dst; src holds
+        the kernel's constant arguments (X, n_tiles, tiles_per_head, L, H, strides / 8, rows, cols)."""
+        X, n_tiles, tiles_per_head, L, H, stride_b8, stride_h8, stride_l8, rows, cols = src
         bh = t // tiles_per_head
         b = bh // H
         r = (t - bh * tiles_per_head) * BL + rows
@@ -107,46 +94,14 @@ if HAS_GLUON:
         nprog = gl.num_programs(0)
         rows = gl.arange(0, BL, layout=gl.SliceLayout(1, io))
         cols = gl.arange(0, DP, layout=gl.SliceLayout(0, io))
+        src = (X, n_tiles, tiles_per_head, L, H, stride_b8, stride_h8, stride_l8, rows, cols)
         for s in gl.static_range(STAGES - 1):
-            t0 = pid + s * nprog
-            _copy_tile(
-                buf.index(s),
-                X,
-                t0,
-                n_tiles,
-                tiles_per_head,
-                L,
-                H,
-                stride_b8,
-                stride_h8,
-                stride_l8,
-                rows,
-                cols,
-                BL,
-                DP,
-            )
+            _copy_tile(buf.index(s), pid + s * nprog, src, BL, DP)
             async_copy.commit_group()
         i = 0
         for t in range(pid, n_tiles, nprog):
             _cta_barrier()  # every thread has read the stage the next copy overwrites
-            nxt = t + (STAGES - 1) * nprog
-            dst = buf.index((i + STAGES - 1) % STAGES)
-            _copy_tile(
-                dst,
-                X,
-                nxt,
-                n_tiles,
-                tiles_per_head,
-                L,
-                H,
-                stride_b8,
-                stride_h8,
-                stride_l8,
-                rows,
-                cols,
-                BL,
-                DP,
-            )
+            _copy_tile(buf.index((i + STAGES - 1) % STAGES), t + (STAGES - 1) * nprog, src, BL, DP)
             async_copy.commit_group()
             async_copy.wait_group(STAGES - 1)
             _cta_barrier()  # every thread's copies into this stage have landed

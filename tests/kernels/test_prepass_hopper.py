@@ -59,3 +59,33 @@ def test_usable_only_for_cuda_bf16_d128():
     assert not prepass_hopper.usable(x, 256, hadamard=True)  # CPU
     assert not prepass_hopper.usable(x[..., :64], 256, hadamard=True)
     assert not prepass_hopper.usable(x.float(), 256, hadamard=True)
+
+
+def test_build_failure_falls_back_once(monkeypatch):
+    """A Triton whose Gluon cannot build the kernel: one warning naming the error, nothing launched,
+    False returned (prepass_qk then runs the tl kernel), and no second attempt."""
+
+    class Unbuildable:
+        builds = 0
+
+        def warmup(self, *args, **kwargs):
+            Unbuildable.builds += 1
+            raise RuntimeError("PassManager::run failed")
+
+        def __getitem__(self, grid):
+            raise AssertionError("launched after a failed build")
+
+    monkeypatch.setattr(prepass_hopper, "_k_bf16_pipelined_kernel", Unbuildable())
+    monkeypatch.setattr(prepass_hopper, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(prepass_hopper, "_broken", [])
+    monkeypatch.setattr(prepass_hopper, "_built", set())
+    x = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
+    out = torch.empty(1, 2, 256, 128, dtype=torch.bfloat16)
+    with pytest.warns(RuntimeWarning, match="PassManager::run failed"):
+        assert not prepass_hopper.prepass_k_bf16(
+            x, out, 256, 7, 128**-0.5, {"CEIL": True, "Q_EXP": 2, "Q_MANT": 0}
+        )
+    assert prepass_hopper._broken and Unbuildable.builds == 1
+    # usable() now says no, so prepass_qk never asks again in this process.
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    assert not prepass_hopper.usable(x, 256, hadamard=True)

@@ -118,6 +118,7 @@ if HAS_GLUON:
 
 
 _broken: list[str] = []  # the reason, once a build failed in this process
+_built: set[tuple] = set()  # (dtype, constants) built in this process
 
 
 def usable(x: torch.Tensor, lp: int, hadamard: bool) -> bool:
@@ -132,6 +133,10 @@ def usable(x: torch.Tensor, lp: int, hadamard: bool) -> bool:
     return x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in x.stride()[:-1])
 
 
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def prepass_k_bf16(
     x: torch.Tensor, out: torch.Tensor, lp: int, rot_levels: int, rot_norm: float, rule_args: dict
 ) -> bool:
@@ -140,34 +145,24 @@ def prepass_k_bf16(
     b, h, n, d = x.shape
     tiles_per_head = lp // TILE_ROWS
     n_tiles = b * h * tiles_per_head
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    try:
-        _k_bf16_pipelined_kernel[(min(n_tiles, PROGRAMS_PER_SM * sms),)](
-            x,
-            out,
-            n,
-            h,
-            x.stride(0) // 8,
-            x.stride(1) // 8,
-            x.stride(2) // 8,
-            lp,
-            n_tiles,
-            tiles_per_head,
-            BL=TILE_ROWS,
-            DP=d,
-            STAGES=STAGES,
-            ROT_LEVELS=rot_levels,
-            ROT_NORM=rot_norm,
-            **rule_args,
-            num_warps=WARPS,
-        )
-    except triton.CompilationError as err:  # Gluon's API moves between releases
-        _broken.append(f"{type(err).__name__}: {err}")
-        warnings.warn(
-            f"mxattention: the Gluon K^ pre-pass does not build with Triton {triton.__version__} "
-            f"({_broken[0][:200]}); using the tl kernel (same bytes, ~10 % slower pass)",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return False
+    grid = (min(n_tiles, PROGRAMS_PER_SM * _sm_count(x.device)),)
+    args = (x, out, n, h, x.stride(0) // 8, x.stride(1) // 8, x.stride(2) // 8, lp, n_tiles, tiles_per_head)
+    consts = dict(BL=TILE_ROWS, DP=d, STAGES=STAGES, ROT_LEVELS=rot_levels, ROT_NORM=rot_norm, **rule_args)
+    key = (x.dtype, tuple(sorted(consts.items())))
+    if key not in _built:
+        # Build without launching, so that only a build failure (Gluon's API and passes move
+        # between Triton releases) falls back; nothing has run on the GPU yet.
+        try:
+            _k_bf16_pipelined_kernel.warmup(*args, grid=grid, **consts, num_warps=WARPS)
+        except Exception as err:  # any build error: reported once, then the tl kernel
+            _broken.append(f"{type(err).__name__}: {err}")
+            warnings.warn(
+                f"mxattention: the Gluon K^ pre-pass does not build with Triton {triton.__version__} "
+                f"({_broken[0][:300]}); using the tl kernel (same bytes, ~10 % slower pass)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return False
+        _built.add(key)
+    _k_bf16_pipelined_kernel[grid](*args, **consts, num_warps=WARPS)
     return True

@@ -171,9 +171,10 @@ def cast_blocks(
     """MXFP4 cast of fp32 x3 in blocks along AXIS.
 
     Returns (4-bit codes like x3, E8M0 bytes reduced over AXIS, the dequantized values like x3).
-    IN_THREAD: see `_block_amax_bits` (same result either way). A block with a NaN or Inf gets scale byte 255, codes 0 and NaN values, as `mx_quantize` /
+    A block with a NaN or Inf gets scale byte 255, codes 0 and NaN values, as `mx_quantize` /
     `fake_quantize`. Codes and values come from one rounding (`e2m1_round` on the scaled
-    magnitude, below 8), so the two outputs cannot disagree.
+    magnitude, below 8), so the two outputs cannot disagree. IN_THREAD picks how the block max is
+    reduced (`_block_amax_bits`; the same result either way).
     """
     bits = x3.to(tl.int32, bitcast=True)
     amax_bits = _block_amax_bits(x3, AXIS, IN_THREAD)

@@ -2,6 +2,7 @@
 and `usable` keeps every other input on the `tl` kernel. Its bytes are checked on the GPU
 (tests/kernels/test_gpu.py::test_gluon_k_pass_equals_tl_kernel)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -46,8 +47,6 @@ def test_builds_for_sm90(x_type):
     cmd = [sys.executable, "-c", _BUILD, x_type]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    import json
-
     info = json.loads(out.stdout.strip().splitlines()[-1])
     # Two programs per SM must fit the H100/H200's 228 KiB of shared memory.
     assert info["shared"] * prepass_hopper.PROGRAMS_PER_SM <= 227 * 1024

@@ -15,7 +15,7 @@ from mxattention.formats.ladders import E2M1
 from mxattention.formats.mx import fake_quantize
 from mxattention.formats.scale_rules import resolve_rule, shared_exponent
 from mxattention.kernels._triton import tl, triton
-from mxattention.kernels.cast import block_scale, dequant_e2m1, e2m1_round, exp2_int
+from mxattention.kernels.cast import block_scale, cast_packed, dequant_e2m1, e2m1_round, exp2_int
 from mxattention.kernels.cast import shared_exponent as kernel_shared_exponent
 from mxattention.kernels.rules import rule_constants
 from tests.formats.hard_values import hard_values
@@ -116,3 +116,79 @@ def test_dequant_every_scale_byte(device):
     out = out.cpu()
     assert torch.equal(out.isnan(), ref.isnan()) and out[255].isnan().all()
     assert torch.equal(out[~out.isnan()], ref[~ref.isnan()])
+
+
+@triton.jit
+def _packed_cast_kernel(
+    Y,
+    Words,
+    Scales,
+    NORM: tl.constexpr,
+    CEIL: tl.constexpr,
+    Q_EXP: tl.constexpr,
+    Q_MANT: tl.constexpr,
+    FOLD_E_MAX: tl.constexpr,
+    R: tl.constexpr,
+    C: tl.constexpr,
+):
+    rows = tl.program_id(0) * R + tl.arange(0, R)
+    y = tl.load(Y + rows[:, None] * C + tl.arange(0, C)[None, :])
+    words, scales = cast_packed(tl.reshape(y, [R, C // 32, 32]), NORM, CEIL, Q_EXP, Q_MANT, False, FOLD_E_MAX)
+    tl.store(Words + rows[:, None] * (C // 8) + tl.arange(0, C // 8)[None, :], words)
+    tl.store(Scales + rows[:, None] * (C // 32) + tl.arange(0, C // 32)[None, :], scales)
+
+
+def _tie_source(target: float, norm: float) -> float:
+    """The largest fp32 y with fl32(y * norm) == target: y * norm lies above the target by as much
+    as rounding allows (exactly on it when norm is a power of two)."""
+    n32 = torch.tensor(norm, dtype=torch.float32)
+    y = (torch.tensor(target, dtype=torch.float64) / n32.double()).float()
+    up = torch.tensor(float("inf"))
+    while (y * n32).item() != target:
+        y = torch.nextafter(y, up)
+    while (torch.nextafter(y, up) * n32).item() == target:
+        y = torch.nextafter(y, up)
+    return y.item()
+
+
+def _fold_bound_tiles(norm: float, tile_rows: int) -> torch.Tensor:
+    """Tiles of [tile_rows, 64] whose only nonzero block sits at one block exponent (OCP rule) next
+    to a bound of `cast_packed`'s folded multiply, holding a value whose scaled magnitude is an
+    E2M1 tie only when fl(y * norm) is formed first: 5 * 2**e (e = 15..23, the block max itself) and
+    2**-127 beside a block max of 1.5 * 2**-123 (e = -125: x subnormal, p = 0.25)."""
+    tiles = []
+    for e in range(15, 24):
+        t = torch.zeros(tile_rows, 64)
+        t[0, :32] = _tie_source(5 * 2.0**e, norm)
+        t[0, 1::2] *= -1
+        tiles.append(t)
+    for e in range(-127, -121):
+        t = torch.zeros(tile_rows, 64)
+        t[0, 32] = 1.5 * 2.0 ** (e + 2) / norm
+        t[0, 33] = _tie_source(2.0 ** (e - 2), norm)
+        t[0, 34] = -_tie_source(2.0 ** (e - 2), norm)
+        tiles.append(t)
+    return torch.cat(tiles)
+
+
+@pytest.mark.parametrize("rule", ("ocp", "uos", 5.3, 1.5))
+@pytest.mark.parametrize("norm", [1.0, 0.125, 1 / 128**0.5])
+def test_cast_packed_equals_mx_quantize(rule, norm, device):
+    """`cast_packed` on y equals mx_quantize(fl32(y * norm)) byte for byte, with the norm folded into
+    the block scale: hard values at every binade (tiles mixing extreme and ordinary blocks), and
+    tiles next to each bound of the fold (a fold one exponent too far changes a tie's rounding)."""
+    from mxattention.formats.mx import mx_quantize
+    from mxattention.kernels.prepass import fold_e_max
+
+    rows = 16
+    y = hard_values(E2M1, 64 * rows * 24, seed=7).view(-1, 64)
+    y = torch.cat([y, _fold_bound_tiles(norm, rows)])
+    rc = rule_constants(rule)
+    words = torch.empty(y.shape[0], 8, dtype=torch.int32, device=device)
+    scales = torch.empty(y.shape[0], 2, dtype=torch.int32, device=device)
+    _packed_cast_kernel[(y.shape[0] // rows,)](
+        y.to(device), words, scales, norm, rc.ceil, rc.q_exp, rc.q_mant, fold_e_max(norm), rows, 64
+    )
+    ref = mx_quantize(y * norm, axis=-1, rule=rule)
+    assert torch.equal(words.cpu().view(torch.uint8), ref.data)
+    assert torch.equal(scales.cpu().to(torch.uint8), ref.scales)

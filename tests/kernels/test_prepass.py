@@ -57,6 +57,31 @@ def test_qk_nonfinite_blocks(device):
     _check_qk(x, "uos", False, device)
 
 
+@pytest.mark.filterwarnings(
+    "ignore::RuntimeWarning"
+)  # the interpreter's butterflies overflow to Inf, as torch's
+@pytest.mark.parametrize("rule", ("ocp", "uos", 5.3))
+@pytest.mark.parametrize("d", [64, 128])
+def test_qk_rotated_extreme_scales(rule, d, device):
+    """The packed cast folds 1/sqrt(b) and 2**-104 into one multiply by the block scale, exact only
+    for block exponents in [-124, fold_e_max(norm) - 104] (cast.cast_packed); a tile with any block
+    outside takes the multiplies one at a time. One head (one tile) per magnitude range, every row
+    its own power of two, so blocks land on both sides of each bound, and one head that stays inside
+    (the bounds themselves: tests/kernels/test_cast.py::test_cast_packed_equals_mx_quantize)."""
+    g = torch.Generator().manual_seed(d)
+    x = torch.randn(1, 5, 64, d, generator=g)
+    ranges = {1: (10, 30), 2: (-150, -110), 3: (100, 127), 4: (-130, 127)}  # head 0: in range
+    for head, (lo, hi) in ranges.items():
+        k = torch.randint(lo, hi + 1, (64, 1), generator=g).float()
+        x[0, head] = x[0, head] * torch.exp2(k)
+    x[0, 2, :3] = torch.tensor([1e-45, -3e-44, 2e-40])[:, None]  # subnormal inputs
+    _check_qk(x, rule, True, device)
+    # Mixed signs of zero and one block with a NaN next to extreme rows.
+    x[0, 4, 7] = -0.0
+    x[0, 4, 8, 5] = float("nan")
+    _check_qk(x, rule, True, device)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_qk_half_inputs(dtype, device):
     g = torch.Generator().manual_seed(1)

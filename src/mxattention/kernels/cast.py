@@ -14,6 +14,9 @@ the same exact integer / power-of-two arithmetic so the bytes agree bit for bit:
   decision of `formats.rounding.round_magnitude`); `ladder_code`: the 3-bit code of such a value.
 - `cast_blocks`: the whole cast of fp32 blocks along one axis (codes, E8M0 bytes and values), as
   `formats.mx.mx_quantize` / `fake_quantize`.
+- `cast_packed`: the same cast along the last axis straight to packed int32 words, with the
+  rotation's 1/sqrt(b) folded into the block scale (the pre-pass's Q^ and packed K^);
+  `signed_nibbles` and `pack_nibble_words` are its code and packing steps.
 - `pack_nibbles`, `unpack_nibbles`, `dequant_e2m1`: packing (element 2i in the low nibble) and
   decoding codes x 2**e to fp32 values that bf16 holds exactly (bf16 has fp32's exponent range).
 
@@ -86,22 +89,127 @@ def ladder_code(r):
 
 
 @triton.jit
-def e2m1_round(p, two_e):
-    """Q(p) for p >= 0 against block scale two_e = 2**e, as a value (fp32, exact), with no division.
+def _ladder_step_round(p, two_e):
+    """p >= 0 rounded (nearest, ties to even) to the E2M1 ladder step of its binade, unsaturated.
 
-    The float adder rounds p to the ladder step of its binade: C = 2**(max(E_p, e) + 22) has a unit
-    in the last place of half the binade (1 mantissa bit; step 2**(e-1) below 2**e, the subnormal
-    codes 0 and 0.5), so (p + C) - C is round-to-nearest-even; then saturate at 6 * 2**e.
-    Equals round_magnitude(p / 2**e) * 2**e whenever p / 2**e is exact (always, for normal p),
-    for p < 2**105 (C must stay finite); the attention kernel's P~ is at most 1. NaN stays NaN.
+    The float adder does it: C = 2**(max(E_p, e) + 22) has a unit in the last place of half the
+    binade (1 mantissa bit; step 2**(e-1) below 2**e, the subnormal codes 0 and 0.5), so
+    (p + C) - C is round-to-nearest-even, for p < 2**105 (C must stay finite).
     """
     binade = (p.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
     step = tl.maximum(binade, two_e)
     # Explicit fmas (c = step * 2**22 is exact): the same two instructions whether or not the
-    # kernel lets the compiler contract a * b + c. The saturation keeps a NaN p NaN (a plain min
-    # would turn it into 6 * 2**e), as the reference's cast does.
-    r = tl.fma(step, -4194304.0, tl.fma(step, 4194304.0, p))
+    # kernel lets the compiler contract a * b + c.
+    return tl.fma(step, -4194304.0, tl.fma(step, 4194304.0, p))
+
+
+@triton.jit
+def e2m1_round(p, two_e):
+    """Q(p) for p >= 0 against block scale two_e = 2**e, as a value (fp32, exact), with no division.
+
+    `_ladder_step_round`, then saturate at 6 * 2**e. Equals round_magnitude(p / 2**e) * 2**e
+    whenever p / 2**e is exact (always, for normal p), for p < 2**105; the attention kernel's P~
+    is at most 1. The saturation keeps a NaN p NaN (a plain min would turn it into 6 * 2**e), as
+    the reference's cast does.
+    """
+    r = _ladder_step_round(p, two_e)
     return tl.minimum(r, 6.0 * two_e, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def signed_nibbles(lad, ps, Q_EXP: tl.constexpr):
+    """Sign-magnitude E2M1 codes (uint32, bits 0-3) from lad = r * 2**-126 (r a ladder value in
+    [0, 6]; its bits are the code in bits 22-24, `ladder_code`) and the signs of ps.
+
+    ps is a block's scaled value 2**-104 x 2**-e, below 2**(Q_EXP + 1 - 104) in magnitude: for
+    Q_EXP <= 7 (boundaries below 256; every E2M1 rule in use has 2) its exponent field is below 32,
+    so its bits 28-30 are zero and ps >> 28 is the sign times 8, one shift.
+    """
+    code = lad.to(tl.uint32, bitcast=True) >> 22
+    sbits = ps.to(tl.uint32, bitcast=True)
+    if Q_EXP <= 7:
+        return code + (sbits >> 28)
+    return code + ((sbits >> 31) << 3)
+
+
+@triton.jit
+def pack_nibble_words(n, R: tl.constexpr, C: tl.constexpr):
+    """[R, C] uint32 nibbles (< 16) -> [R, C // 8] int32, element 8j + i in bits 4i..4i+3 of word j.
+
+    Little-endian, so the words' bytes are those of `pack_nibbles`. Disjoint bits: every merge is a
+    shift-add (one instruction).
+    """
+    lo, hi = tl.split(tl.reshape(n, [R, C // 8, 4, 2]))
+    b = lo + (hi << 4)
+    b02, b13 = tl.split(tl.reshape(b, [R, C // 8, 2, 2]))
+    h = b02 + (b13 << 8)
+    h0, h1 = tl.split(h)
+    return (h0 + (h1 << 16)).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _cast_words(ps, bad, Q_EXP: tl.constexpr):
+    """Packed words [R, NB * 4] of ps = x * 2**-e * 2**-104 [R, NB, 32] (signed, fp32).
+
+    The cast works on the scaled values 2**-104 p: there the rounding's two fmas (`e2m1_round`,
+    steps 2**-104 and up) leave r * 2**-126 directly, whose bits are the code (`ladder_code`), so
+    no multiply follows them. Where p >= 2**-22 (every p whose code can be nonzero) the scaled
+    value is a normal fp32 and every step is the unscaled one times 2**-104, exactly.
+    """
+    R: tl.constexpr = ps.shape[0]
+    NB: tl.constexpr = ps.shape[1]
+    # Saturating first leaves every ladder decision as it was (6 is on the ladder) and keeps |p|
+    # small for the rounding; a NaN p belongs to a bad block, whose words are zeroed below.
+    a = tl.minimum(tl.abs(ps), 6.0 * 4.930380657631324e-32)
+    binade = (a.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+    step = tl.maximum(binade, 4.930380657631324e-32)  # 2**-104: the step below 1
+    lad = tl.fma(tl.fma(step, 4194304.0, a), 2.384185791015625e-07, -step)  # (a + 2**22 step) 2**-22 - step
+    n = signed_nibbles(lad, ps, Q_EXP)
+    words = pack_nibble_words(tl.reshape(n, [R, NB * 32]), R, NB * 32)
+    keep = tl.expand_dims(tl.where(bad, 0, -1), 2)
+    return tl.reshape(tl.reshape(words, [R, NB, 4]) & keep, [R, NB * 4])
+
+
+@triton.jit
+def cast_packed(
+    y3,
+    NORM: tl.constexpr,
+    CEIL: tl.constexpr,
+    Q_EXP: tl.constexpr,
+    Q_MANT: tl.constexpr,
+    IN_THREAD: tl.constexpr,
+    FOLD_E_MAX: tl.constexpr,
+):
+    """MXFP4 cast of x = fl(NORM * y3) (fp32 [R, NB, 32], blocks along the last axis) to packed words.
+
+    Returns (int32 words [R, NB * 4] holding the bytes of `pack_nibbles(codes)`, E8M0 bytes [R, NB]
+    as int32): the codes and scales of `cast_blocks` on x. NORM is the rotation's 1/sqrt(b), applied
+    here so that it shares one multiply with the block scale and the 2**-104 of `_cast_words`:
+    max |fl(NORM y)| = fl(NORM max |y|) (rounding is monotone), and fl(y * (NORM 2**(-e-104))) =
+    fl(y * NORM) 2**(-e-104) wherever the decision can depend on it, provided the constant is a
+    normal fp32 (e <= FOLD_E_MAX - 104: values below ~2**20) and a subnormal fl(y * NORM) scales to
+    at most 0.25 (e >= -124, where both sides round to code 0). A tile with any block outside that
+    range takes the multiplies one at a time, exact for every e.
+    """
+    amax_bits = _block_amax_bits(y3, 2, IN_THREAD)
+    bad = amax_bits >= 0x7F800000
+    amax = tl.where(bad, 0, amax_bits).to(tl.float32, bitcast=True)
+    if NORM != 1.0:
+        amax = amax * NORM
+    e = shared_exponent(amax, CEIL, Q_EXP, Q_MANT)
+    c = exp2_int(-e)
+    scales = tl.where(bad, 255, e + 127)
+    # ps keeps the sign of y (and of -0.0), so nothing but ps is live after the branch.
+    E_LO: tl.constexpr = -124 if NORM != 1.0 else -127
+    fold_ok = ((e >= E_LO) & (e <= FOLD_E_MAX - 104)).to(tl.int32)
+    if tl.min(tl.min(fold_ok, axis=1), axis=0) == 1:
+        ps = y3 * tl.expand_dims(c * (NORM * 4.930380657631324e-32), 2)
+    else:  # the multiplies one at a time: exact wherever the decision can matter, for any e
+        if NORM != 1.0:
+            y3 = y3 * NORM
+        ps = (y3 * tl.expand_dims(c, 2)) * 4.930380657631324e-32
+    words = _cast_words(ps, bad, Q_EXP)
+    return words, scales
 
 
 @triton.jit

@@ -32,7 +32,7 @@ from mxattention.formats.constants import MX_BLOCK_SIZE
 from mxattention.formats.scale_rules import ScaleRule
 from mxattention.kernels import prepass_hopper
 from mxattention.kernels._triton import tl, triton
-from mxattention.kernels.cast import cast_blocks, pack_nibbles
+from mxattention.kernels.cast import cast_blocks, cast_packed, pack_nibbles
 from mxattention.kernels.hadamard import hadamard_rows
 from mxattention.kernels.rules import rule_constants
 from mxattention.rotation import rotation_block
@@ -64,7 +64,19 @@ def _load_tile(
 
 @triton.jit
 def _load_rows(
-    X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL: tl.constexpr, DP: tl.constexpr
+    X,
+    pid,
+    bh,
+    L,
+    D,
+    H,
+    stride_b,
+    stride_h,
+    stride_l,
+    stride_d,
+    BL: tl.constexpr,
+    DP: tl.constexpr,
+    BF16_PAIRS: tl.constexpr = False,
 ):
     """As `_load_tile`, laid out one row per thread.
 
@@ -75,10 +87,26 @@ def _load_rows(
     fewer instructions), at the price of loads that touch 32 rows per instruction. That wins where
     the pass is bound by instructions (packed output, or DP <= 64), not for the bf16 output at
     DP = 128 (benchmarks/NOTES.md, v6).
+
+    BF16_PAIRS (bf16 X with contiguous, even-length rows and even strides, 4-byte aligned): the row
+    is read as int32 words of two elements and widened with one shift or mask each, where the
+    compiler's bf16 conversion spends a byte permute and two shifts per pair.
     """
     b = bh // H
     h = bh % H
     rows = pid * BL + tl.arange(0, BL)
+    if BF16_PAIRS:
+        words3 = tl.arange(0, DP // 8)[None, :, None] * 4 + tl.arange(0, 4)[None, None, :]
+        ptrs = (
+            X.to(tl.pointer_type(tl.int32))
+            + b.to(tl.int64) * (stride_b // 2)
+            + h.to(tl.int64) * (stride_h // 2)
+        )
+        ptrs = ptrs + rows[:, None, None].to(tl.int64) * (stride_l // 2) + words3
+        w = tl.load(ptrs, mask=(rows[:, None, None] < L) & (words3 < D // 2), other=0)
+        lo = (w << 16).to(tl.float32, bitcast=True)  # element 2j: the low half (little-endian)
+        hi = (w & -65536).to(tl.float32, bitcast=True)
+        return tl.reshape(tl.join(lo, hi), [BL, DP]), rows, tl.arange(0, DP)
     cols3 = tl.arange(0, DP // 8)[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
     ptrs = X + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
     ptrs = ptrs + rows[:, None, None].to(tl.int64) * stride_l + cols3 * stride_d
@@ -133,27 +161,42 @@ def _qk_prepass_kernel(
     ROTATE: tl.constexpr,
     ROT_LEVELS: tl.constexpr,
     ROT_NORM: tl.constexpr,
+    FOLD_E_MAX: tl.constexpr,
     CEIL: tl.constexpr,
     Q_EXP: tl.constexpr,
     Q_MANT: tl.constexpr,
     OUT_BF16: tl.constexpr,
+    BF16_PAIRS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     if ROW_LAYOUT:
-        x, rows, cols = _load_rows(X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL, DP)
+        x, rows, cols = _load_rows(
+            X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL, DP, BF16_PAIRS
+        )
     else:
         x, rows, cols = _load_tile(X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL, DP)
-    if ROTATE:
-        x = hadamard_rows(x, BL, DP, ROT_LEVELS, ROT_NORM)
-    codes, scales, vals = cast_blocks(tl.reshape(x, [BL, DP // 32, 32]), CEIL, Q_EXP, Q_MANT, 2, ROW_LAYOUT)
     base = bh.to(tl.int64) * L_PAD + rows[:, None].to(tl.int64)
     if OUT_BF16:
-        vals = tl.reshape(vals, [BL, DP])
-        tl.store(Codes + base * DP + cols[None, :], vals.to(tl.bfloat16))
+        if ROTATE:
+            x = hadamard_rows(x, BL, DP, ROT_LEVELS, ROT_NORM)
+        x3 = tl.reshape(x, [BL, DP // 32, 32])
+        _, _, vals = cast_blocks(x3, CEIL, Q_EXP, Q_MANT, 2, ROW_LAYOUT)
+        tl.store(Codes + base * DP + cols[None, :], tl.reshape(vals, [BL, DP]).to(tl.bfloat16))
     else:
-        packed = pack_nibbles(tl.reshape(codes, [BL, DP]), BL, DP)
-        tl.store(Codes + base * (DP // 2) + tl.arange(0, DP // 2)[None, :], packed)
+        if ROTATE:  # the 1/sqrt(b) of the rotation is folded into the cast's block scale
+            x = hadamard_rows(x, BL, DP, ROT_LEVELS, 1.0)
+        words, scales = cast_packed(
+            tl.reshape(x, [BL, DP // 32, 32]),
+            ROT_NORM if ROTATE else 1.0,
+            CEIL,
+            Q_EXP,
+            Q_MANT,
+            ROW_LAYOUT,
+            FOLD_E_MAX,
+        )
+        words_ptr = Codes.to(tl.pointer_type(tl.int32)) + base * (DP // 8) + tl.arange(0, DP // 8)[None, :]
+        tl.store(words_ptr, words)
         tl.store(Scales + base * (DP // 32) + tl.arange(0, DP // 32)[None, :], scales.to(tl.uint8))
 
 
@@ -217,6 +260,18 @@ def _qk_row_layout(dp: int, out_bf16: bool) -> bool:
     return dp <= 64 or (dp <= 128 and not out_bf16)
 
 
+def _bf16_pairs(x: torch.Tensor) -> bool:
+    """Whether x's rows can be read as int32 words of two bf16 elements (`_load_rows`)."""
+    strides_even = all(st % 2 == 0 for st in x.stride()[:-1])
+    aligned = x.data_ptr() % 4 == 0 and x.shape[-1] % 2 == 0
+    return x.dtype == torch.bfloat16 and x.stride(-1) == 1 and strides_even and aligned
+
+
+def fold_e_max(norm: float) -> int:
+    """The largest block exponent e for which fp32(norm) * 2**-e is a normal fp32 (`cast.cast_packed`)."""
+    return math.floor(126 + math.log2(float(torch.tensor(norm, dtype=torch.float32))))
+
+
 def _tile(key: str, lp: int) -> tuple[int, int]:
     """(rows per program, warps) of PREPASS_TILES[key], halved until the rows divide lp."""
     if lp % MX_BLOCK_SIZE:
@@ -276,7 +331,9 @@ def prepass_qk(
         ROTATE=hadamard,
         ROT_LEVELS=levels,
         ROT_NORM=norm,
+        FOLD_E_MAX=fold_e_max(norm),
         OUT_BF16=out_bf16,
+        BF16_PAIRS=row_layout and _bf16_pairs(x),
         **_rule_args(rule),
         num_warps=warps,
     )

@@ -180,21 +180,15 @@ def _qk_prepass_kernel(
     if OUT_BF16:
         if ROTATE:
             x = hadamard_rows(x, BL, DP, ROT_LEVELS, ROT_NORM)
-        x3 = tl.reshape(x, [BL, DP // 32, 32])
-        _, _, vals = cast_blocks(x3, CEIL, Q_EXP, Q_MANT, 2, ROW_LAYOUT)
+        _, _, vals = cast_blocks(tl.reshape(x, [BL, DP // 32, 32]), CEIL, Q_EXP, Q_MANT, 2, ROW_LAYOUT)
         tl.store(Codes + base * DP + cols[None, :], tl.reshape(vals, [BL, DP]).to(tl.bfloat16))
     else:
-        if ROTATE:  # the 1/sqrt(b) of the rotation is folded into the cast's block scale
+        # The rotation's 1/sqrt(b) is folded into the cast's block scale (cast._scaled_values).
+        if ROTATE:
             x = hadamard_rows(x, BL, DP, ROT_LEVELS, 1.0)
-        words, scales = cast_packed(
-            tl.reshape(x, [BL, DP // 32, 32]),
-            ROT_NORM if ROTATE else 1.0,
-            CEIL,
-            Q_EXP,
-            Q_MANT,
-            ROW_LAYOUT,
-            FOLD_E_MAX,
-        )
+        norm: tl.constexpr = ROT_NORM if ROTATE else 1.0
+        x3 = tl.reshape(x, [BL, DP // 32, 32])
+        words, scales = cast_packed(x3, norm, CEIL, Q_EXP, Q_MANT, ROW_LAYOUT, FOLD_E_MAX)
         words_ptr = Codes.to(tl.pointer_type(tl.int32)) + base * (DP // 8) + tl.arange(0, DP // 8)[None, :]
         tl.store(words_ptr, words)
         tl.store(Scales + base * (DP // 32) + tl.arange(0, DP // 32)[None, :], scales.to(tl.uint8))
@@ -312,7 +306,7 @@ def prepass_qk(
     blk = rotation_block(d) if hadamard else 1  # raises the reference's error for an unsupported d
     levels, norm = blk.bit_length() - 1, 1.0 / math.sqrt(blk)
     if out_bf16 and prepass_hopper.usable(x, lp, hadamard):
-        if prepass_hopper.prepass_k_bf16(x, codes, lp, levels, norm, _rule_args(rule)):
+        if prepass_hopper.prepass_k_bf16(x, codes, lp, levels, norm, fold_e_max(norm), _rule_args(rule)):
             return codes
     row_layout = _qk_row_layout(dp, out_bf16)
     bl, warps = _tile("qk_rows" if row_layout else ("qk_tile" if dp <= 128 else "qk_tile_256"), lp)

@@ -88,3 +88,32 @@ def test_build_failure_falls_back_once(monkeypatch):
     # usable() now says no, so prepass_qk never asks again in this process.
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     assert not prepass_hopper.usable(x, 256, hadamard=True)
+
+
+def test_prepass_qk_hands_the_gluon_kernel_its_arguments(monkeypatch):
+    """prepass_qk's call into the Gluon pass (taken only on an sm_90 GPU) matches its signature:
+    the kernel is replaced by a recorder, so the call runs here."""
+    from mxattention.kernels import prepass
+
+    calls = []
+
+    class Recorder:
+        def warmup(self, *args, **kwargs):
+            calls.append(("warmup", args, kwargs))
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.append(("launch", args, kwargs))
+
+    monkeypatch.setattr(prepass_hopper, "_k_bf16_pipelined_kernel", Recorder())
+    monkeypatch.setattr(prepass_hopper, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(prepass_hopper, "_built", set())
+    monkeypatch.setattr(prepass_hopper, "usable", lambda x, lp, hadamard: True)
+    x = torch.zeros(1, 2, 200, 128, dtype=torch.bfloat16)
+    out = prepass.prepass_qk(x, "uos", hadamard=True, out_bf16=True)
+    assert out.shape == (1, 2, 256, 128) and out.dtype == torch.bfloat16
+    assert [c[0] for c in calls] == ["warmup", "launch"]
+    kwargs = calls[1][2]
+    assert (
+        kwargs["ROT_LEVELS"] == 7 and kwargs["ROT_NORM"] == pytest.approx(128**-0.5) and kwargs["DP"] == 128
+    )
+    assert calls[1][1][:4] == (x, out, 200, 2)

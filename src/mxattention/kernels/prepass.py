@@ -306,7 +306,7 @@ def prepass_qk(
     blk = rotation_block(d) if hadamard else 1  # raises the reference's error for an unsupported d
     levels, norm = blk.bit_length() - 1, 1.0 / math.sqrt(blk)
     if out_bf16 and prepass_hopper.usable(x, lp, hadamard):
-        if prepass_hopper.prepass_k_bf16(x, codes, lp, levels, norm, fold_e_max(norm), _rule_args(rule)):
+        if prepass_hopper.prepass_k_bf16(x, codes, lp, levels, norm, _rule_args(rule)):
             return codes
     row_layout = _qk_row_layout(dp, out_bf16)
     bl, warps = _tile("qk_rows" if row_layout else ("qk_tile" if dp <= 128 else "qk_tile_256"), lp)

@@ -250,7 +250,8 @@ def markdown(report) -> str:
         f"- command: `{report['command']}`",
         "- B = 1, non-causal, bf16 inputs; TFLOP/s = 4 Lq Lk D H / t; extra = peak memory beyond the inputs;"
         " copy and pre-pass rows are CUDA graph replays (device time), prepass_eager the same calls launched"
-        " from Python",
+        " from Python"
+        + (f"; measured after {report['warmup_s']:.0f} s of cuDNN SDPA" if report.get("warmup_s") else ""),
         "",
         "| shape | H | Lq | Lk | D | method | ms | TFLOP/s | extra MiB |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -356,6 +357,7 @@ def main(argv=None) -> int:
         "triton": triton.__version__,
         "python": platform.python_version(),
         "command": "python " + " ".join(sys.argv),
+        "warmup_s": args.warmup_s,
         "shapes": [],
     }
     out = Path(args.out)

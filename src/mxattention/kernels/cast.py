@@ -15,8 +15,8 @@ the same exact integer / power-of-two arithmetic so the bytes agree bit for bit:
 - `cast_blocks`: the whole cast of fp32 blocks along one axis (codes, E8M0 bytes and values), as
   `formats.mx.mx_quantize` / `fake_quantize`.
 - `cast_packed`: the same cast along the last axis straight to packed int32 words (the pre-pass's
-  Q^ and packed K^), with the rotation's 1/sqrt(b) folded into the block scale (`_scaled_values`);
-  `signed_nibbles` and `pack_nibble_words` are its packing steps.
+  Q^ and packed K^), with the rotation's 1/sqrt(b) folded into the block scale; `signed_nibbles`
+  and `pack_nibble_words` are its packing steps.
 - `pack_nibbles`, `unpack_nibbles`, `dequant_e2m1`: packing (element 2i in the low nibble) and
   decoding codes x 2**e to fp32 values that bf16 holds exactly (bf16 has fp32's exponent range).
 
@@ -171,51 +171,6 @@ def _cast_words(ps, bad, Q_EXP: tl.constexpr):
 
 
 @triton.jit
-def _scaled_values(
-    y3,
-    NORM: tl.constexpr,
-    CEIL: tl.constexpr,
-    Q_EXP: tl.constexpr,
-    Q_MANT: tl.constexpr,
-    IN_THREAD: tl.constexpr,
-    FOLD_E_MAX: tl.constexpr,
-    SCALE: tl.constexpr,
-):
-    """Block exponents of x = fl(NORM * y3) (fp32 [R, NB, 32], blocks along the last axis) and the
-    signed scaled values ps = fl(fl(x * 2**-e) * SCALE), SCALE a power of two <= 1, mostly in one multiply.
-
-    Returns (ps like y3, e [R, NB] int32, bad [R, NB]: the block holds NaN or Inf). NORM is the
-    rotation's 1/sqrt(b), applied here so that it shares one multiply with the block scale:
-    max |fl(NORM y)| = fl(NORM max |y|) (rounding is monotone), and fl(y * (NORM 2**-e SCALE)) =
-    fl(fl(y * NORM) 2**-e) SCALE wherever a cast decision can depend on it, provided the constant is
-    a normal fp32 (e <= FOLD_E_MAX + log2(SCALE)) and a subnormal fl(y * NORM) scales to at most
-    0.25 (e >= -124, where both sides round to code 0). A tile with any block outside that range
-    takes the multiplies one at a time, exact for every e. ps keeps the sign of y (and of -0.0),
-    so that nothing but ps is live after the branch.
-    """
-    amax_bits = _block_amax_bits(y3, 2, IN_THREAD)
-    bad = amax_bits >= 0x7F800000
-    amax = tl.where(bad, 0, amax_bits).to(tl.float32, bitcast=True)
-    if NORM != 1.0:
-        amax = amax * NORM
-    e = shared_exponent(amax, CEIL, Q_EXP, Q_MANT)
-    c = exp2_int(-e)
-    E_LO: tl.constexpr = -124 if NORM != 1.0 else -127
-    E_HI: tl.constexpr = FOLD_E_MAX + (0 if SCALE == 1.0 else -104)
-    tl.static_assert(SCALE == 1.0 or SCALE == 4.930380657631324e-32, "SCALE is 1 or 2**-104")
-    fold_ok = ((e >= E_LO) & (e <= E_HI)).to(tl.int32)
-    if tl.min(tl.min(fold_ok, axis=1), axis=0) == 1:
-        ps = y3 * tl.expand_dims(c * (NORM * SCALE), 2)
-    else:
-        if NORM != 1.0:
-            y3 = y3 * NORM
-        ps = y3 * tl.expand_dims(c, 2)
-        if SCALE != 1.0:
-            ps = ps * SCALE
-    return ps, e, bad
-
-
-@triton.jit
 def cast_packed(
     y3,
     NORM: tl.constexpr,
@@ -228,11 +183,31 @@ def cast_packed(
     """MXFP4 cast of x = fl(NORM * y3) (fp32 [R, NB, 32], blocks along the last axis) to packed words.
 
     Returns (int32 words [R, NB * 4] holding the bytes of `pack_nibbles(codes)`, E8M0 bytes [R, NB]
-    as int32): the codes and scales of `cast_blocks` on x, with NORM (the rotation's 1/sqrt(b)) and
-    `_cast_words`' 2**-104 folded into the block scale (`_scaled_values`; FOLD_E_MAX from
-    `prepass.fold_e_max(NORM)`).
+    as int32): the codes and scales of `cast_blocks` on x. NORM (the rotation's 1/sqrt(b)) and
+    `_cast_words`' 2**-104 share one multiply with the block scale: max |fl(NORM y)| =
+    fl(NORM max |y|) (rounding is monotone), and fl(y * (NORM 2**(-e-104))) = fl(fl(y * NORM) 2**-e)
+    2**-104 wherever a cast decision can depend on it, provided the constant is a normal fp32
+    (e <= FOLD_E_MAX - 104, FOLD_E_MAX from `prepass.fold_e_max(NORM)`: values below ~2**20) and a
+    subnormal fl(y * NORM) scales to at most 0.25 (e >= -124, where both sides round to code 0). A
+    tile with any block outside that range takes the multiplies one at a time, exact for every e.
     """
-    ps, e, bad = _scaled_values(y3, NORM, CEIL, Q_EXP, Q_MANT, IN_THREAD, FOLD_E_MAX, 4.930380657631324e-32)
+    amax_bits = _block_amax_bits(y3, 2, IN_THREAD)
+    bad = amax_bits >= 0x7F800000
+    amax = tl.where(bad, 0, amax_bits).to(tl.float32, bitcast=True)
+    if NORM != 1.0:
+        amax = amax * NORM
+    e = shared_exponent(amax, CEIL, Q_EXP, Q_MANT)
+    c = exp2_int(-e)
+    E_LO: tl.constexpr = -124 if NORM != 1.0 else -127
+    fold_ok = ((e >= E_LO) & (e <= FOLD_E_MAX - 104)).to(tl.int32)
+    # ps keeps the sign of y (and of -0.0), so that nothing but ps is live after the branch (no
+    # second copy of the cast, no extra registers).
+    if tl.min(tl.min(fold_ok, axis=1), axis=0) == 1:
+        ps = y3 * tl.expand_dims(c * (NORM * 4.930380657631324e-32), 2)
+    else:
+        if NORM != 1.0:
+            y3 = y3 * NORM
+        ps = (y3 * tl.expand_dims(c, 2)) * 4.930380657631324e-32
     return _cast_words(ps, bad, Q_EXP), tl.where(bad, 255, e + 127)
 
 

@@ -184,7 +184,7 @@ def _qk_prepass_kernel(
         _, _, vals = cast_blocks(tl.reshape(x, [BL, DP // 32, 32]), CEIL, Q_EXP, Q_MANT, 2, ROW_LAYOUT)
         tl.store(Codes + base * DP + cols[None, :], tl.reshape(vals, [BL, DP]).to(tl.bfloat16))
     else:
-        # The rotation's 1/sqrt(b) is folded into the cast's block scale (cast._scaled_values).
+        # The rotation's 1/sqrt(b) is folded into the cast's block scale (cast.cast_packed).
         if ROTATE:
             x = hadamard_rows(x, BL, DP, ROT_LEVELS, 1.0)
         norm: tl.constexpr = ROT_NORM if ROTATE else 1.0

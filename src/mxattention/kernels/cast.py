@@ -27,6 +27,9 @@ from __future__ import annotations
 
 from mxattention.kernels._triton import tl, triton
 
+# 2**-104: the packed cast rounds p * 2**-104, which leaves r * 2**-126 (the code's bits; `_cast_words`).
+_TWO_M104: tl.constexpr = tl.constexpr(2.0**-104)
+
 
 @triton.jit
 def floor_log2_mantissa(m):
@@ -160,9 +163,9 @@ def _cast_words(ps, bad, Q_EXP: tl.constexpr):
     NB: tl.constexpr = ps.shape[1]
     # Saturating first leaves every ladder decision as it was (6 is on the ladder) and keeps |p|
     # small for the rounding; a NaN p belongs to a bad block, whose words are zeroed below.
-    a = tl.minimum(tl.abs(ps), 6.0 * 4.930380657631324e-32)
+    a = tl.minimum(tl.abs(ps), 6.0 * _TWO_M104)
     binade = (a.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
-    step = tl.maximum(binade, 4.930380657631324e-32)  # 2**-104: the step below 1
+    step = tl.maximum(binade, _TWO_M104)  # the step below 1
     lad = tl.fma(tl.fma(step, 4194304.0, a), 2.384185791015625e-07, -step)  # (a + 2**22 step) 2**-22 - step
     n = signed_nibbles(lad, ps, Q_EXP)
     words = pack_nibble_words(tl.reshape(n, [R, NB * 32]), R, NB * 32)
@@ -203,11 +206,11 @@ def cast_packed(
     # ps keeps the sign of y (and of -0.0), so that nothing but ps is live after the branch (no
     # second copy of the cast, no extra registers).
     if tl.min(tl.min(fold_ok, axis=1), axis=0) == 1:
-        ps = y3 * tl.expand_dims(c * (NORM * 4.930380657631324e-32), 2)
+        ps = y3 * tl.expand_dims(c * (NORM * _TWO_M104), 2)
     else:
         if NORM != 1.0:
             y3 = y3 * NORM
-        ps = (y3 * tl.expand_dims(c, 2)) * 4.930380657631324e-32
+        ps = (y3 * tl.expand_dims(c, 2)) * _TWO_M104
     return _cast_words(ps, bad, Q_EXP), tl.where(bad, 255, e + 127)
 
 

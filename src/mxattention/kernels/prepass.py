@@ -6,9 +6,10 @@ Exposes `padded_dim`, `padded_len`, `prepass_qk` and `prepass_v`.
   the same fp32 butterflies as `rotation.rotate` (pairs (i, i + h) in blocks of 2h, h = 1, 2, ...,
   then one multiply by 1/sqrt(b)), so the rotated values are bit-identical; then the MXFP4 cast in
   blocks of 32 along the head dim. For packed output the 1/sqrt(b) shares one multiply with the
-  block scale (`cast.cast_packed`, exact by construction, with a per-tile fallback). Out: codes [B, H, Lp, Dp / 2] uint8 and E8M0 scales
-  [B, H, Lp, Dp / 32] uint8, i.e. `mx_quantize(rotate(x), axis=-1)` zero-padded to Dp columns
-  (a power of two >= 32) and Lp rows (zero rows: codes 0, scale byte 127).
+  block scale (`cast.cast_packed`: exact, with a per-tile fallback). Out: codes
+  [B, H, Lp, Dp / 2] uint8 and E8M0 scales [B, H, Lp, Dp / 32] uint8, i.e.
+  `mx_quantize(rotate(x), axis=-1)` zero-padded to Dp columns (a power of two >= 32) and Lp rows
+  (zero rows: codes 0, scale byte 127).
 - `prepass_v(v [B, H, L, Dv])`: the cast in blocks of 32 along the keys. Out: codes
   [B, H, Dvp, Lp / 2] and scales [B, H, Dvp, Lp / 32], i.e. `mx_quantize(v, axis=-2)` padded.
 - `out_bf16=True` (either): the dequantized values as bf16 instead of bytes, exactly

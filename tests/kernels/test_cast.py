@@ -143,12 +143,16 @@ def _tie_source(target: float, norm: float) -> float:
     as rounding allows (exactly on it when norm is a power of two)."""
     n32 = torch.tensor(norm, dtype=torch.float32)
     y = (torch.tensor(target, dtype=torch.float64) / n32.double()).float()
-    up = torch.tensor(float("inf"))
-    while (y * n32).item() != target:
+    down, up = torch.tensor(float("-inf")), torch.tensor(float("inf"))
+    for _ in range(8):  # start a few ulps below, then walk up through every candidate
+        y = torch.nextafter(y, down)
+    hits = []
+    for _ in range(24):
+        if (y * n32).item() == target:
+            hits.append(y.item())
         y = torch.nextafter(y, up)
-    while (torch.nextafter(y, up) * n32).item() == target:
-        y = torch.nextafter(y, up)
-    return y.item()
+    assert hits, f"no fp32 y rounds onto {target}"
+    return max(hits)
 
 
 def _fold_bound_tiles(norm: float, tile_rows: int) -> torch.Tensor:

@@ -77,3 +77,49 @@ def test_gluon_k_pass_equals_tl_kernel(case, rule, monkeypatch):
     got = fast[..., :n, :].float()
     assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
     assert (fast[..., n:, :] == 0).all()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # torch's butterflies overflow to Inf, as the kernel's
+@pytest.mark.parametrize("rule", ["uos", "ocp", "tfs", 5.3])
+@pytest.mark.parametrize("case", ["outliers", "nonfinite", "blhd", "many_tiles", "extreme", "hard"])
+def test_gluon_q_pass_equals_mx_quantize(case, rule, monkeypatch):
+    """The split-row Gluon Q^ pass writes mx_quantize(rotate(q))'s bytes, as the `tl` kernel does:
+    two lanes per row and a shuffle for the last butterfly level change nothing. "extreme" puts
+    blocks on both sides of the folded scale's exact range (cast.cast_packed's per-tile fallback)."""
+    from mxattention.formats.ladders import E2M1
+    from mxattention.formats.mx import mx_quantize
+    from mxattention.kernels import prepass_hopper
+    from mxattention.kernels.prepass import prepass_qk
+    from mxattention.rotation import rotate
+    from tests.formats.hard_values import hard_values
+
+    if torch.cuda.get_device_capability() != (9, 0) or not prepass_hopper.HAS_GLUON:
+        pytest.skip("the Gluon pass runs on sm_90")
+    g = torch.Generator(device="cuda").manual_seed(len(case))
+    b, h, n = (1, 40, 4096) if case == "many_tiles" else (2, 3, 1000)  # a ragged last tile
+    x = torch.randn((b, h, n, 128), device="cuda", generator=g) * torch.exp(
+        2 * torch.randn(128, device="cuda", generator=g)
+    )
+    x[..., 7::50, :3] = 0.0
+    x[..., 9::50, :] = -0.0
+    if case == "nonfinite":
+        x[0, 0, 3, 5], x[0, 1, 40, 1], x[1, 2, 999, 0] = float("nan"), float("inf"), -float("inf")
+    if case == "blhd":  # the same values stored as [B, L, H, D]
+        x = x.transpose(1, 2).contiguous().transpose(1, 2)
+    if case == "extreme":  # each row its own power of two: 2**-150 (subnormal) .. 2**127 per head
+        for head, (lo, hi) in enumerate(((10, 30), (-150, -110), (100, 127))):
+            k = torch.randint(lo, hi + 1, (n, 1), device="cuda", generator=g).float()
+            x[:, head] = x[:, head] * torch.exp2(k)
+    if case == "hard":  # ties, powers of two, rule boundaries and their neighbours, as bf16
+        x[0, 0, :64] = hard_values(E2M1, 64 * 128, seed=5).view(64, 128).cuda()
+    x = x.bfloat16()
+    lp = 1024 if n == 1000 else n
+    assert prepass_hopper.usable_q(x, lp, hadamard=True)
+    codes, scales = prepass_qk(x, rule, hadamard=True)
+    assert not prepass_hopper._broken
+    ref = mx_quantize(rotate(x.float()), axis=-1, rule=rule)
+    assert torch.equal(codes[..., :n, :], ref.data) and torch.equal(scales[..., :n, :], ref.scales)
+    assert (codes[..., n:, :] == 0).all() and (scales[..., n:, :] == 127).all()
+    monkeypatch.setattr(prepass_hopper, "usable_q", lambda *a, **k: False)
+    slow = prepass_qk(x, rule, hadamard=True)
+    assert torch.equal(codes, slow[0]) and torch.equal(scales, slow[1])

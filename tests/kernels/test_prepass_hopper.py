@@ -1,6 +1,7 @@
-"""The Gluon K^ pass (`kernels.prepass_hopper`) without a GPU: it builds for sm_90 with this Triton,
-and `usable` keeps every other input on the `tl` kernel. Its bytes are checked on the GPU
-(tests/kernels/test_gpu.py::test_gluon_k_pass_equals_tl_kernel)."""
+"""The Gluon passes (`kernels.prepass_hopper`) without a GPU: they build for sm_90 with this Triton,
+`usable` / `usable_q` keep every other input on the `tl` kernel, a failed build falls back, and
+`prepass_qk` hands them the arguments their signatures take. Their bytes are checked on the GPU
+(tests/kernels/test_gpu.py::test_gluon_k_pass_equals_tl_kernel, test_gluon_q_pass_equals_mx_quantize)."""
 
 import json
 import os
@@ -26,38 +27,72 @@ _BUILD = textwrap.dedent(
     from mxattention.kernels import prepass_hopper as ph
     from mxattention.kernels.rules import rule_constants
 
-    fn = ph._k_bf16_pipelined_kernel
-    names = list(inspect.signature(fn.fn).parameters)
+    kernel, x_type = sys.argv[1], sys.argv[2]
     rc = rule_constants("uos")
-    consts = dict(BL=ph.TILE_ROWS, DP=ph.HEAD_DIM, STAGES=ph.STAGES, ROT_LEVELS=7, ROT_NORM=128**-0.5,
-                  CEIL=rc.ceil, Q_EXP=rc.q_exp, Q_MANT=rc.q_mant)
-    ptrs = {"X": sys.argv[1], "Out": "*bf16"}
+    rule = dict(CEIL=rc.ceil, Q_EXP=rc.q_exp, Q_MANT=rc.q_mant)
+    if kernel == "k":
+        fn, warps, ptrs = ph._k_bf16_pipelined_kernel, ph.WARPS, {"X": x_type, "Out": "*bf16"}
+        consts = dict(BL=ph.TILE_ROWS, DP=ph.HEAD_DIM, STAGES=ph.STAGES, ROT_LEVELS=7, ROT_NORM=128**-0.5, **rule)
+    else:
+        fn, warps, ptrs = ph._q_packed_kernel, ph.Q_WARPS, {"X": x_type, "Codes": "*u8", "Scales": "*u8"}
+        consts = dict(BL=16 * ph.Q_WARPS, NORM=128**-0.5, FOLD_E_MAX=122, **rule)
+    names = list(inspect.signature(fn.fn).parameters)
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in names}
     src = GluonASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()},
-                         attrs={(names.index(n),): [["tt.divisibility", 16]] for n in ("X", "Out")})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=ph.WARPS))
-    print(json.dumps({"shared": k.metadata.shared, "cp_async": k.asm["ptx"].count("cp.async.cg.shared.global")}))
+                         attrs={(names.index(n),): [["tt.divisibility", 16]] for n in ptrs})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
+    ptx = k.asm["ptx"]
+    print(json.dumps({"shared": k.metadata.shared, "cp_async": ptx.count("cp.async.cg.shared.global"),
+                      "shfl": ptx.count(", 1, 0x1f, 0xffffffff;")}))
     """
 )
 
 
-@pytest.mark.parametrize("x_type", ["*bf16", "*fp16"])
-def test_builds_for_sm90(x_type):
+def _build(kernel: str, x_type: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [sys.executable, "-c", _BUILD, x_type]
+    cmd = [sys.executable, "-c", _BUILD, kernel, x_type]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    info = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("x_type", ["*bf16", "*fp16"])
+def test_k_pass_builds_for_sm90(x_type):
+    info = _build("k", x_type)
     # Two programs per SM must fit the H100/H200's 228 KiB of shared memory.
     assert info["shared"] * prepass_hopper.PROGRAMS_PER_SM <= 227 * 1024
     assert info["cp_async"] > 0  # 16-byte copies: the strides' alignment was proven
 
 
+def test_q_pass_builds_for_sm90():
+    info = _build("q", "*bf16")
+    # The last butterfly level: one shuffle (`_partner_lane`'s) per value a thread holds.
+    assert info["shfl"] == 64
+
+
 def test_usable_only_for_cuda_bf16_d128():
     x = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
-    assert not prepass_hopper.usable(x, 256, hadamard=True)  # CPU
-    assert not prepass_hopper.usable(x[..., :64], 256, hadamard=True)
-    assert not prepass_hopper.usable(x.float(), 256, hadamard=True)
+    for usable in (prepass_hopper.usable, prepass_hopper.usable_q):
+        assert not usable(x, 256, hadamard=True)  # CPU
+    # The rest of the checks, as if on an sm_90 GPU.
+    cuda = property(lambda self: True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.Tensor, "is_cuda", cuda)
+        mp.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+        assert prepass_hopper.usable(x, 256, hadamard=True) and prepass_hopper.usable_q(x, 256, hadamard=True)
+        for usable in (prepass_hopper.usable, prepass_hopper.usable_q):
+            assert not usable(x, 256, hadamard=False)
+            assert not usable(x[..., :64], 256, hadamard=True)
+            assert not usable(x.float(), 256, hadamard=True)
+            assert not usable(x.transpose(-1, -2), 256, hadamard=True)  # columns not contiguous
+        assert not prepass_hopper.usable_q(x.half(), 256, hadamard=True)  # bf16 pairs only
+        assert prepass_hopper.usable(x.half(), 256, hadamard=True)
+        assert not prepass_hopper.usable_q(
+            torch.zeros(1, 2, 256, 129, dtype=torch.bfloat16)[..., 1:], 256, True
+        )
+        assert not prepass_hopper.usable(x, 96, hadamard=True) and not prepass_hopper.usable_q(x, 48, True)
+        mp.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
+        assert not prepass_hopper.usable(x, 256, hadamard=True) and not prepass_hopper.usable_q(x, 256, True)
 
 
 def test_build_failure_falls_back_once(monkeypatch):
@@ -76,7 +111,7 @@ def test_build_failure_falls_back_once(monkeypatch):
 
     monkeypatch.setattr(prepass_hopper, "_k_bf16_pipelined_kernel", Unbuildable())
     monkeypatch.setattr(prepass_hopper, "_sm_count", lambda device: 132)
-    monkeypatch.setattr(prepass_hopper, "_broken", [])
+    monkeypatch.setattr(prepass_hopper, "_broken", {})
     monkeypatch.setattr(prepass_hopper, "_built", set())
     x = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
     out = torch.empty(1, 2, 256, 128, dtype=torch.bfloat16)
@@ -84,36 +119,74 @@ def test_build_failure_falls_back_once(monkeypatch):
         assert not prepass_hopper.prepass_k_bf16(
             x, out, 256, 7, 128**-0.5, {"CEIL": True, "Q_EXP": 2, "Q_MANT": 0}
         )
-    assert prepass_hopper._broken and Unbuildable.builds == 1
-    # usable() now says no, so prepass_qk never asks again in this process.
+    assert list(prepass_hopper._broken) == ["k_bf16"] and Unbuildable.builds == 1
+    # usable() now says no, so prepass_qk never asks again in this process; the Q^ kernel is
+    # another build and is still tried.
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert not prepass_hopper.usable(x, 256, hadamard=True)
+    assert prepass_hopper.usable_q(x, 256, hadamard=True)
 
 
-def test_prepass_qk_hands_the_gluon_kernel_its_arguments(monkeypatch):
-    """prepass_qk's call into the Gluon pass (taken only on an sm_90 GPU) matches its signature:
-    the kernel is replaced by a recorder, so the call runs here."""
-    from mxattention.kernels import prepass
+class _Recorder:
+    """Stands in for a Gluon kernel: records the build and the launch instead of running them."""
 
-    calls = []
+    def __init__(self):
+        self.calls = []
 
-    class Recorder:
-        def warmup(self, *args, **kwargs):
-            calls.append(("warmup", args, kwargs))
+    def warmup(self, *args, **kwargs):
+        self.calls.append(("warmup", args, kwargs))
 
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: calls.append(("launch", args, kwargs))
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append(("launch", (grid, *args), kwargs))
 
-    monkeypatch.setattr(prepass_hopper, "_k_bf16_pipelined_kernel", Recorder())
+
+@pytest.fixture
+def recorders(monkeypatch):
+    """Both Gluon kernels replaced by recorders and taken for every input (as on an sm_90 GPU)."""
+    rec = {"k": _Recorder(), "q": _Recorder()}
+    monkeypatch.setattr(prepass_hopper, "_k_bf16_pipelined_kernel", rec["k"])
+    monkeypatch.setattr(prepass_hopper, "_q_packed_kernel", rec["q"])
     monkeypatch.setattr(prepass_hopper, "_sm_count", lambda device: 132)
     monkeypatch.setattr(prepass_hopper, "_built", set())
     monkeypatch.setattr(prepass_hopper, "usable", lambda x, lp, hadamard: True)
+    monkeypatch.setattr(prepass_hopper, "usable_q", lambda x, lp, hadamard: True)
+    return rec
+
+
+def test_prepass_qk_hands_the_k_kernel_its_arguments(recorders):
+    """prepass_qk's call into the Gluon K^ pass (taken only on an sm_90 GPU) matches its signature."""
+    from mxattention.kernels import prepass
+
     x = torch.zeros(1, 2, 200, 128, dtype=torch.bfloat16)
     out = prepass.prepass_qk(x, "uos", hadamard=True, out_bf16=True)
     assert out.shape == (1, 2, 256, 128) and out.dtype == torch.bfloat16
-    assert [c[0] for c in calls] == ["warmup", "launch"]
+    calls = recorders["k"].calls
+    assert [c[0] for c in calls] == ["warmup", "launch"] and not recorders["q"].calls
     kwargs = calls[1][2]
     assert (
         kwargs["ROT_LEVELS"] == 7 and kwargs["ROT_NORM"] == pytest.approx(128**-0.5) and kwargs["DP"] == 128
     )
-    assert calls[1][1][:4] == (x, out, 200, 2)
+    assert calls[1][1][1:5] == (x, out, 200, 2)
+
+
+def test_prepass_qk_hands_the_q_kernel_its_arguments(recorders):
+    """The same for the packed Q^ pass: outputs, strides in int32 words, the fold bound, the grid."""
+    from mxattention.kernels import prepass
+
+    x = torch.zeros(2, 200, 3, 128, dtype=torch.bfloat16).transpose(1, 2)  # [B, H, L, D] as BLHD
+    codes, scales = prepass.prepass_qk(x, "ocp", hadamard=True)
+    assert codes.shape == (2, 3, 256, 64) and scales.shape == (2, 3, 256, 4)
+    calls = recorders["q"].calls
+    assert [c[0] for c in calls] == ["warmup", "launch"] and not recorders["k"].calls
+    grid, *args = calls[1][1]
+    rows = 16 * prepass_hopper.Q_WARPS
+    assert grid == (256 // rows, 6)
+    assert args[:5] == [x, codes, scales, 200, 3]
+    assert args[5:] == [200 * 3 * 64, 64, 3 * 64, 256]  # strides of x in words, then L_PAD
+    kwargs = calls[1][2]
+    assert kwargs["BL"] == rows and kwargs["NORM"] == pytest.approx(128**-0.5)
+    assert (
+        kwargs["FOLD_E_MAX"] == prepass.fold_e_max(128**-0.5)
+        and kwargs["num_warps"] == prepass_hopper.Q_WARPS
+    )

@@ -151,8 +151,11 @@ def pack_nibble_words(n, R: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def _cast_words(ps, bad, Q_EXP: tl.constexpr):
+def _cast_words(ps, bad, Q_EXP: tl.constexpr, WORDS_LAYOUT: tl.constexpr = None):
     """Packed words [R, NB * 4] of ps = x * 2**-e * 2**-104 [R, NB, 32] (signed, fp32).
+
+    WORDS_LAYOUT (Gluon callers, whose layouts must match explicitly): a function (mask, words)
+    that gives the per-block mask [R, NB, 1] the layout of the words [R, NB, 4].
 
     The cast works on the scaled values 2**-104 p: there the rounding's two fmas (`e2m1_round`,
     steps 2**-104 and up) leave r * 2**-126 directly, whose bits are the code (`ladder_code`), so
@@ -166,11 +169,15 @@ def _cast_words(ps, bad, Q_EXP: tl.constexpr):
     a = tl.minimum(tl.abs(ps), 6.0 * _TWO_M104)
     binade = (a.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
     step = tl.maximum(binade, _TWO_M104)  # the step below 1
-    lad = tl.fma(tl.fma(step, 4194304.0, a), 2.384185791015625e-07, -step)  # (a + 2**22 step) 2**-22 - step
+    # (a + 2**22 step) 2**-22 - step. Triton emits -x as 0 - x, which the compiler may not turn into
+    # the fma's free operand negation (the two differ for x = 0); x * -1.0 becomes one (-1 instruction).
+    lad = tl.fma(tl.fma(step, 4194304.0, a), 2.384185791015625e-07, step * -1.0)
     n = signed_nibbles(lad, ps, Q_EXP)
-    words = pack_nibble_words(tl.reshape(n, [R, NB * 32]), R, NB * 32)
+    words = tl.reshape(pack_nibble_words(tl.reshape(n, [R, NB * 32]), R, NB * 32), [R, NB, 4])
     keep = tl.expand_dims(tl.where(bad, 0, -1), 2)
-    return tl.reshape(tl.reshape(words, [R, NB, 4]) & keep, [R, NB * 4])
+    if WORDS_LAYOUT is not None:
+        keep = WORDS_LAYOUT(keep, words)
+    return tl.reshape(words & keep, [R, NB * 4])
 
 
 @triton.jit
@@ -182,6 +189,8 @@ def cast_packed(
     Q_MANT: tl.constexpr,
     IN_THREAD: tl.constexpr,
     FOLD_E_MAX: tl.constexpr,
+    BLOCK_LAYOUT: tl.constexpr = None,
+    WORDS_LAYOUT: tl.constexpr = None,
 ):
     """MXFP4 cast of x = fl(NORM * y3) (fp32 [R, NB, 32], blocks along the last axis) to packed words.
 
@@ -193,8 +202,14 @@ def cast_packed(
     (e <= FOLD_E_MAX - 104, FOLD_E_MAX from `prepass.fold_e_max(NORM)`: values below ~2**20) and a
     subnormal fl(y * NORM) scales to at most 0.25 (e >= -124, where both sides round to code 0). A
     tile with any block outside that range takes the multiplies one at a time, exact for every e.
+
+    BLOCK_LAYOUT and WORDS_LAYOUT serve Gluon callers (`prepass_hopper`), whose layouts must match
+    explicitly: (block maxima, y3) -> the maxima in y3's layout reduced over its last axis, and
+    `_cast_words`' mask hook. Layout changes only: the arithmetic is the same.
     """
     amax_bits = _block_amax_bits(y3, 2, IN_THREAD)
+    if BLOCK_LAYOUT is not None:
+        amax_bits = BLOCK_LAYOUT(amax_bits, y3)
     bad = amax_bits >= 0x7F800000
     amax = tl.where(bad, 0, amax_bits).to(tl.float32, bitcast=True)
     if NORM != 1.0:
@@ -211,7 +226,7 @@ def cast_packed(
         if NORM != 1.0:
             y3 = y3 * NORM
         ps = (y3 * tl.expand_dims(c, 2)) * _TWO_M104
-    return _cast_words(ps, bad, Q_EXP), tl.where(bad, 255, e + 127)
+    return _cast_words(ps, bad, Q_EXP, WORDS_LAYOUT), tl.where(bad, 255, e + 127)
 
 
 @triton.jit

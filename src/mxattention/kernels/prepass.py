@@ -17,8 +17,8 @@ Exposes `padded_dim`, `padded_len`, `prepass_qk` and `prepass_v`.
   attention kernel's Hopper path reads K^ and V^ this way: decoding bytes in its inner loop costs
   more integer work than the two GEMMs leave room for (benchmarks/NOTES.md).
 
-On sm_90 the rotated bf16 pass at head dim 128 (the Hopper path's K^) runs as the pipelined Gluon
-kernel of `prepass_hopper` instead: same bytes, ~10 % more of the copy bandwidth.
+On sm_90 the rotated passes at head dim 128 (the Hopper path's bf16 K^ and the packed Q^) run as
+the Gluon kernels of `prepass_hopper` instead: same bytes, ~10 % faster each.
 
 The padding lets the attention kernel load whole tiles without bounds checks; padded keys are
 masked out of the scores, padded head-dim columns are zeros on both sides of every dot.
@@ -310,6 +310,9 @@ def prepass_qk(
     if out_bf16 and prepass_hopper.usable(x, lp, hadamard):
         if prepass_hopper.prepass_k_bf16(x, codes, lp, levels, norm, _rule_args(rule)):
             return codes
+    if not out_bf16 and prepass_hopper.usable_q(x, lp, hadamard):
+        if prepass_hopper.prepass_q_packed(x, codes, scales, lp, norm, fold_e_max(norm), _rule_args(rule)):
+            return codes, scales
     row_layout = _qk_row_layout(dp, out_bf16)
     bl, warps = _tile("qk_rows" if row_layout else ("qk_tile" if dp <= 128 else "qk_tile_256"), lp)
     _qk_prepass_kernel[(lp // bl, b * h)](

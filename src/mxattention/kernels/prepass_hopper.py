@@ -1,21 +1,24 @@
-"""The rotated K^ pass on Hopper: a persistent Gluon kernel with a cp.async pipeline (bf16 output).
+"""The rotated passes on Hopper, as Gluon kernels (Triton's explicit-layout layer).
 
-Computes exactly `prepass._qk_prepass_kernel` with OUT_BF16 (the Hopper attention path's K^): the
-same `hadamard_rows` and `cast_blocks`, on one row per thread, so the bytes are identical (GPU test
-`tests/kernels/test_gpu.py`). What differs is the data movement, which Triton's automatic layouts
-could not get right for this pass (benchmarks/NOTES.md, v6a and v7):
+Each computes exactly what `prepass._qk_prepass_kernel` computes for its case, from the same
+helpers (`hadamard_rows`, `cast_blocks`, `cast_packed`), so the bytes are identical (GPU tests in
+`tests/kernels/test_gpu.py`). What differs is where the data lives, which Triton's automatic
+layouts could not get right for these passes (benchmarks/NOTES.md, v6a, v7, v9):
 
-- each program owns a strided set of [BL, 128] row tiles and copies tile i + 1 into shared memory
-  (cp.async, coalesced 16-byte chunks) while it rotates and casts tile i, so the memory system
-  stays busy through the ~30 instructions per element of arithmetic;
-- the tile is read from shared memory straight into the row-per-thread layout (swizzled rows:
-  conflict-free), and the bf16 result goes back through shared memory to coalesced stores.
+- `prepass_k_bf16` (K^, bf16 out): a persistent kernel; each program owns a strided set of
+  [BL, 128] row tiles and copies tile i + 1 into shared memory (cp.async, coalesced 16-byte
+  chunks) while it rotates and casts tile i on one row per thread; the bf16 result goes back
+  through shared memory to coalesced stores. 74-77 % of the copy bandwidth on the H200, against
+  65-68 % for the `tl` kernel.
+- `prepass_q_packed` (Q^, packed out): each row on two lanes, 64 columns each, so a thread holds
+  half as many values (80 registers instead of 168: twice the warps per SM to hide the loads).
+  The first six butterfly levels stay in the thread; the last one (columns j, j + 64) takes the
+  partner lane's value by one shuffle and one fma. Packed output makes this pass issue-bound, and
+  the occupancy is what the one-row-per-thread `tl` kernel lacked: ~10 % faster on the H200.
 
-Measured on the H200: 74-77 % of the copy bandwidth against 65-68 % for the `tl` kernel's tile
-layout. The packed Q^ pass does not gain from the same pipeline (its output is small, its loop
-instruction-bound), so it stays on the `tl` kernel. Used by `prepass.prepass_qk` on sm_90 only (where
-it was measured), for head dim 128 and row counts that are a multiple of 128; Gluon is Triton's
-experimental layer, so a Triton that cannot build it falls back to the `tl` kernel with one warning.
+Both are used by `prepass.prepass_qk` on sm_90 only (where they were measured), for head dim 128;
+Gluon is experimental, so a Triton that cannot build one falls back to the `tl` kernel with one
+warning.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import warnings
 import torch
 
 from mxattention.kernels._triton import triton
-from mxattention.kernels.cast import cast_blocks
+from mxattention.kernels.cast import cast_blocks, cast_packed
 from mxattention.kernels.hadamard import hadamard_rows
 
 try:
@@ -40,9 +43,11 @@ try:
 except (ImportError, AttributeError):  # no Triton, or one without Gluon's cp.async
     HAS_GLUON = False
 
-# (rows per tile, warps, pipeline stages, programs per SM); H200 sweep (benchmarks/results/raw/
+# K^: (rows per tile, warps, pipeline stages, programs per SM); H200 sweep (benchmarks/results/raw/
 # prepass_gluon_pipe_v7_h200.json): 2 programs of 4 warps (188 registers per thread) fill an SM.
 TILE_ROWS, WARPS, STAGES, PROGRAMS_PER_SM = 128, 4, 2, 2
+# Q^: warps per program (16 rows per warp); 2 and 4 within 2 % on the H200 (raw/prepass_q_split_v9_h200.json).
+Q_WARPS = 2
 HEAD_DIM = 128
 
 if HAS_GLUON:
@@ -116,25 +121,169 @@ if HAS_GLUON:
             gl.store(Out + out_rows * DP + cols[None, :], out)
         async_copy.wait_group(0)
 
+    @gluon.jit
+    def _block_layout(amax, y3):
+        """Block maxima in the layout of y3 reduced over its last axis (`cast.cast_packed`'s hook)."""
+        return gl.convert_layout(amax, gl.SliceLayout(2, y3.type.layout))
 
-_broken: list[str] = []  # the reason, once a build failed in this process
-_built: set[tuple] = set()  # (dtype, constants) built in this process
+    @gluon.jit
+    def _words_layout(keep, words):
+        """A per-block mask [R, NB, 1] widened to the words' [R, NB, 4] and their layout
+        (`cast._cast_words`' hook); the joins copy registers, the conversion moves nothing."""
+        k2 = gl.reshape(gl.join(keep, keep), [keep.shape[0], keep.shape[1], 2])
+        k4 = gl.reshape(gl.join(k2, k2), [keep.shape[0], keep.shape[1], 4])
+        return gl.convert_layout(k4, words.type.layout)
+
+    @gluon.jit
+    def _partner_lane(x):
+        """Each register's value in the lane whose id differs in bit 0."""
+        return gl.inline_asm_elementwise(
+            "shfl.sync.bfly.b32 $0, $1, 1, 0x1f, 0xffffffff;",
+            "=r,r",
+            [x],
+            dtype=gl.float32,
+            is_pure=True,
+            pack=1,
+        )
+
+    @gluon.jit
+    def _q_packed_kernel(
+        X,
+        Codes,
+        Scales,
+        L,
+        H,
+        stride_b2,
+        stride_h2,
+        stride_l2,
+        L_PAD,
+        BL: gl.constexpr,
+        NORM: gl.constexpr,
+        FOLD_E_MAX: gl.constexpr,
+        CEIL: gl.constexpr,
+        Q_EXP: gl.constexpr,
+        Q_MANT: gl.constexpr,
+    ):
+        W: gl.constexpr = gl.num_warps()
+        # [row, half, j]: lane bit 0 picks the half of the row (order [2, 1, 0] fills dims 2, 1, 0
+        # with lane bits in turn), so `_partner_lane` swaps the halves. Words are bf16 pairs
+        # (strides in words), 16 per thread per 64 bytes: contiguous 16-byte loads and stores.
+        words_l: gl.constexpr = gl.BlockedLayout([1, 1, 32], [16, 2, 1], [W, 1, 1], [2, 1, 0])
+        vals_l: gl.constexpr = gl.BlockedLayout([1, 1, 64], [16, 2, 1], [W, 1, 1], [2, 1, 0])
+        out_l: gl.constexpr = gl.BlockedLayout([1, 1, 8], [16, 2, 1], [W, 1, 1], [2, 1, 0])
+        scale_l: gl.constexpr = gl.BlockedLayout([1, 1, 2], [16, 2, 1], [W, 1, 1], [2, 1, 0])
+        pid = gl.program_id(0)
+        bh = gl.program_id(1)
+        b = bh // H
+        rows = pid * BL + gl.arange(0, BL, layout=gl.SliceLayout(1, gl.SliceLayout(2, words_l)))
+        half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, words_l)))
+        j = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, words_l)))
+        ptrs = (
+            X.to(gl.pointer_type(gl.int32))
+            + b.to(gl.int64) * stride_b2
+            + (bh - b * H).to(gl.int64) * stride_h2
+        )
+        ptrs = (
+            ptrs
+            + rows[:, None, None].to(gl.int64) * stride_l2
+            + (half[None, :, None] * 32 + j[None, None, :])
+        )
+        w = gl.load(ptrs, mask=rows[:, None, None] < L, other=0)
+        lo = (w << 16).to(gl.float32, bitcast=True)  # element 2j: the low half (little-endian)
+        hi = (w & -65536).to(gl.float32, bitcast=True)
+        x = hadamard_rows(gl.reshape(gl.join(lo, hi), [2 * BL, 64]), 2 * BL, 64, 6, 1.0)
+        # The last level pairs (j, j + 64): the first half's lane keeps a + b, the second's a - b.
+        x = gl.reshape(x, [BL, 2, 64])
+        half_v = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, vals_l)))
+        sign = gl.where(half_v == 0, 1.0, -1.0)[None, :, None]
+        x = gl.fma(x, sign, _partner_lane(x))
+        words, scales = cast_packed(
+            gl.reshape(x, [2 * BL, 2, 32]),
+            NORM,
+            CEIL,
+            Q_EXP,
+            Q_MANT,
+            True,
+            FOLD_E_MAX,
+            _block_layout,
+            _words_layout,
+        )
+        words = gl.convert_layout(gl.reshape(words, [BL, 2, 8]), out_l)
+        r = pid * BL + gl.arange(0, BL, layout=gl.SliceLayout(1, gl.SliceLayout(2, out_l)))
+        half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, out_l)))
+        j = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, out_l)))
+        base = bh.to(gl.int64) * L_PAD + r[:, None, None].to(gl.int64)
+        gl.store(
+            Codes.to(gl.pointer_type(gl.int32)) + base * 16 + half[None, :, None] * 8 + j[None, None, :],
+            words,
+        )
+        scales = gl.convert_layout(gl.reshape(scales, [BL, 2, 2]), scale_l)
+        r = pid * BL + gl.arange(0, BL, layout=gl.SliceLayout(1, gl.SliceLayout(2, scale_l)))
+        half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, scale_l)))
+        j = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, scale_l)))
+        base = bh.to(gl.int64) * L_PAD + r[:, None, None].to(gl.int64)
+        gl.store(Scales + base * 4 + half[None, :, None] * 2 + j[None, None, :], scales.to(gl.uint8))
+
+
+_broken: dict[str, str] = {}  # kernel name -> the reason, once its build failed in this process
+_built: set[tuple] = set()  # (kernel name, dtype, constants) built in this process
+
+
+def _sm90_d128(x: torch.Tensor, hadamard: bool) -> bool:
+    return (
+        HAS_GLUON
+        and hadamard
+        and x.is_cuda
+        and x.shape[-1] == HEAD_DIM
+        and x.stride(-1) == 1
+        and torch.cuda.get_device_capability(x.device) == (9, 0)
+    )
 
 
 def usable(x: torch.Tensor, lp: int, hadamard: bool) -> bool:
-    """Whether `prepass_k_bf16` takes x [B, H, L, D] padded to lp rows: a CUDA sm_90 tensor with
-    D = 128, rows that are 16-byte aligned (cp.async), lp a multiple of the tile, and the rotation on."""
-    if not (
-        HAS_GLUON and hadamard and not _broken and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
-    ):
+    """Whether `prepass_k_bf16` takes x [B, H, L, D] padded to lp rows: a CUDA sm_90 bf16 or fp16
+    tensor with D = 128, rows that are 16-byte aligned (cp.async), lp a multiple of the tile, and
+    the rotation on."""
+    if "k_bf16" in _broken or x.dtype not in (torch.bfloat16, torch.float16) or lp % TILE_ROWS:
         return False
-    if x.shape[-1] != HEAD_DIM or lp % TILE_ROWS or torch.cuda.get_device_capability(x.device) != (9, 0):
+    aligned = x.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in x.stride()[:-1])
+    return aligned and _sm90_d128(x, hadamard)
+
+
+def usable_q(x: torch.Tensor, lp: int, hadamard: bool) -> bool:
+    """Whether `prepass_q_packed` takes x [B, H, L, D] padded to lp rows: a CUDA sm_90 bf16 tensor
+    with D = 128 read as int32 pairs (4-byte aligned, even strides), lp a multiple of its rows per
+    program, and the rotation on."""
+    if "q_packed" in _broken or x.dtype != torch.bfloat16 or lp % (16 * Q_WARPS):
         return False
-    return x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in x.stride()[:-1])
+    aligned = x.data_ptr() % 4 == 0 and all(s % 2 == 0 for s in x.stride()[:-1])
+    return aligned and _sm90_d128(x, hadamard)
 
 
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _launch(name: str, kernel, grid: tuple, args: tuple, consts: dict, warps: int, dtype) -> bool:
+    """Launch a Gluon kernel, built first without launching so that only a build failure (Gluon's
+    API and passes move between Triton releases) falls back: False after one warning naming the
+    error, and `usable*` says no from then on."""
+    key = (name, dtype, tuple(sorted(consts.items())))
+    if key not in _built:
+        try:
+            kernel.warmup(*args, grid=grid, **consts, num_warps=warps)
+        except Exception as err:  # any build error: reported once, then the tl kernel
+            _broken[name] = f"{type(err).__name__}: {err}"
+            warnings.warn(
+                f"mxattention: the Gluon {name} pre-pass does not build with Triton {triton.__version__} "
+                f"({_broken[name][:300]}); using the tl kernel (same bytes, ~10 % slower pass)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return False
+        _built.add(key)
+    kernel[grid](*args, **consts, num_warps=warps)
+    return True
 
 
 def prepass_k_bf16(
@@ -148,21 +297,22 @@ def prepass_k_bf16(
     grid = (min(n_tiles, PROGRAMS_PER_SM * _sm_count(x.device)),)
     args = (x, out, n, h, x.stride(0) // 8, x.stride(1) // 8, x.stride(2) // 8, lp, n_tiles, tiles_per_head)
     consts = dict(BL=TILE_ROWS, DP=d, STAGES=STAGES, ROT_LEVELS=rot_levels, ROT_NORM=rot_norm, **rule_args)
-    key = (x.dtype, tuple(sorted(consts.items())))
-    if key not in _built:
-        # Build without launching, so that only a build failure (Gluon's API and passes move
-        # between Triton releases) falls back; nothing has run on the GPU yet.
-        try:
-            _k_bf16_pipelined_kernel.warmup(*args, grid=grid, **consts, num_warps=WARPS)
-        except Exception as err:  # any build error: reported once, then the tl kernel
-            _broken.append(f"{type(err).__name__}: {err}")
-            warnings.warn(
-                f"mxattention: the Gluon K^ pre-pass does not build with Triton {triton.__version__} "
-                f"({_broken[0][:300]}); using the tl kernel (same bytes, ~10 % slower pass)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            return False
-        _built.add(key)
-    _k_bf16_pipelined_kernel[grid](*args, **consts, num_warps=WARPS)
-    return True
+    return _launch("k_bf16", _k_bf16_pipelined_kernel, grid, args, consts, WARPS, x.dtype)
+
+
+def prepass_q_packed(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    lp: int,
+    rot_norm: float,
+    fold_e_max: int,
+    rule_args: dict,
+) -> bool:
+    """Rotated, packed Q^ of bf16 x [B, H, L, 128] into codes [B, H, lp, 64] and scales
+    [B, H, lp, 4] (uint8); False (nothing written) if this Triton cannot build the kernel."""
+    b, h, n, _ = x.shape
+    rows = 16 * Q_WARPS
+    args = (x, codes, scales, n, h, x.stride(0) // 2, x.stride(1) // 2, x.stride(2) // 2, lp)
+    consts = dict(BL=rows, NORM=rot_norm, FOLD_E_MAX=fold_e_max, **rule_args)
+    return _launch("q_packed", _q_packed_kernel, (lp // rows, b * h), args, consts, Q_WARPS, x.dtype)

@@ -147,6 +147,16 @@ if HAS_GLUON:
         )
 
     @gluon.jit
+    def _half_row_offsets(pid, bh, L_PAD, BL: gl.constexpr, N: gl.constexpr, layout: gl.constexpr):
+        """Element offsets of program pid's [BL, 2, N] (row, half, j) in an output of rows of 2 N
+        elements, L_PAD rows per head bh, in `layout`."""
+        r = pid * BL + gl.arange(0, BL, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))
+        half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))
+        j = gl.arange(0, N, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))
+        base = bh.to(gl.int64) * L_PAD + r[:, None, None].to(gl.int64)
+        return base * (2 * N) + half[None, :, None] * N + j[None, None, :]
+
+    @gluon.jit
     def _q_packed_kernel(
         X,
         Codes,
@@ -209,20 +219,9 @@ if HAS_GLUON:
             _words_layout,
         )
         words = gl.convert_layout(gl.reshape(words, [BL, 2, 8]), out_l)
-        r = pid * BL + gl.arange(0, BL, layout=gl.SliceLayout(1, gl.SliceLayout(2, out_l)))
-        half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, out_l)))
-        j = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, out_l)))
-        base = bh.to(gl.int64) * L_PAD + r[:, None, None].to(gl.int64)
-        gl.store(
-            Codes.to(gl.pointer_type(gl.int32)) + base * 16 + half[None, :, None] * 8 + j[None, None, :],
-            words,
-        )
-        scales = gl.convert_layout(gl.reshape(scales, [BL, 2, 2]), scale_l)
-        r = pid * BL + gl.arange(0, BL, layout=gl.SliceLayout(1, gl.SliceLayout(2, scale_l)))
-        half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, scale_l)))
-        j = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, scale_l)))
-        base = bh.to(gl.int64) * L_PAD + r[:, None, None].to(gl.int64)
-        gl.store(Scales + base * 4 + half[None, :, None] * 2 + j[None, None, :], scales.to(gl.uint8))
+        gl.store(Codes.to(gl.pointer_type(gl.int32)) + _half_row_offsets(pid, bh, L_PAD, BL, 8, out_l), words)
+        scales = gl.convert_layout(gl.reshape(scales, [BL, 2, 2]), scale_l).to(gl.uint8)
+        gl.store(Scales + _half_row_offsets(pid, bh, L_PAD, BL, 2, scale_l), scales)
 
 
 _broken: dict[str, str] = {}  # kernel name -> the reason, once its build failed in this process

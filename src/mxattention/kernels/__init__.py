@@ -3,7 +3,7 @@
 Imports `mxattention.attention` and `mxattention.formats`; nothing there imports this package.
 Modules: `cast` (device functions of the MXFP4 cast), `hadamard` (the rotation of tile rows),
 `rules` (a scale rule as kernel constants), `prepass` (rotation + cast of Q, K, V to packed bytes),
-`prepass_hopper` (the rotated K^ pass as a pipelined Gluon kernel, sm_90), `attention_fwd` (the
+`prepass_hopper` (the rotated K^ and Q^ passes as Gluon kernels, sm_90), `attention_fwd` (the
 online-softmax kernel), `fused` (both, for one `AttentionConfig`), `op` (the torch custom ops the
 public function calls).
 Triton is optional: `HAS_TRITON` says whether the kernels can run at all.

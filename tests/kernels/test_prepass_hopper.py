@@ -43,7 +43,7 @@ _BUILD = textwrap.dedent(
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
     ptx = k.asm["ptx"]
     print(json.dumps({"shared": k.metadata.shared, "cp_async": ptx.count("cp.async.cg.shared.global"),
-                      "shfl": ptx.count(", 1, 0x1f, 0xffffffff;")}))
+                      "shfl": ptx.count(", 1, 0x1f, 0xffffffff;"), "prmt_merge": ptx.count(", 0x7610;")}))
     """
 )
 
@@ -68,6 +68,8 @@ def test_q_pass_builds_for_sm90():
     info = _build("q", "*bf16")
     # The last butterfly level: one shuffle (`_partner_lane`'s) per value a thread holds.
     assert info["shfl"] == 64
+    # `_pack_words`: 8 words per thread (64 values), two byte-permute merges of signs each.
+    assert info["prmt_merge"] == 16
 
 
 def test_usable_only_for_cuda_bf16_d128():

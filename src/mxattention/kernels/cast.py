@@ -151,11 +151,13 @@ def pack_nibble_words(n, R: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def _cast_words(ps, bad, Q_EXP: tl.constexpr, WORDS_LAYOUT: tl.constexpr = None):
+def _cast_words(ps, bad, Q_EXP: tl.constexpr, WORDS_LAYOUT: tl.constexpr = None, PACK: tl.constexpr = None):
     """Packed words [R, NB * 4] of ps = x * 2**-e * 2**-104 [R, NB, 32] (signed, fp32).
 
     WORDS_LAYOUT (Gluon callers, whose layouts must match explicitly): a function (mask, words)
-    that gives the per-block mask [R, NB, 1] the layout of the words [R, NB, 4].
+    that gives the per-block mask [R, NB, 1] the layout of the words [R, NB, 4]. PACK: a function
+    (lad, ps) -> words [R, NB, 4] that replaces `signed_nibbles` and `pack_nibble_words` (the same
+    bits; `prepass_hopper` packs in one asm block per word).
 
     The cast works on the scaled values 2**-104 p: there the rounding's two fmas (`e2m1_round`,
     steps 2**-104 and up) leave r * 2**-126 directly, whose bits are the code (`ladder_code`), so
@@ -172,8 +174,11 @@ def _cast_words(ps, bad, Q_EXP: tl.constexpr, WORDS_LAYOUT: tl.constexpr = None)
     # (a + 2**22 step) 2**-22 - step. Triton emits -x as 0 - x, which the compiler may not turn into
     # the fma's free operand negation (the two differ for x = 0); x * -1.0 becomes one (-1 instruction).
     lad = tl.fma(tl.fma(step, 4194304.0, a), 2.384185791015625e-07, step * -1.0)
-    n = signed_nibbles(lad, ps, Q_EXP)
-    words = tl.reshape(pack_nibble_words(tl.reshape(n, [R, NB * 32]), R, NB * 32), [R, NB, 4])
+    if PACK is not None:
+        words = PACK(lad, ps)
+    else:
+        n = signed_nibbles(lad, ps, Q_EXP)
+        words = tl.reshape(pack_nibble_words(tl.reshape(n, [R, NB * 32]), R, NB * 32), [R, NB, 4])
     keep = tl.expand_dims(tl.where(bad, 0, -1), 2)
     if WORDS_LAYOUT is not None:
         keep = WORDS_LAYOUT(keep, words)
@@ -191,6 +196,7 @@ def cast_packed(
     FOLD_E_MAX: tl.constexpr,
     BLOCK_LAYOUT: tl.constexpr = None,
     WORDS_LAYOUT: tl.constexpr = None,
+    PACK: tl.constexpr = None,
 ):
     """MXFP4 cast of x = fl(NORM * y3) (fp32 [R, NB, 32], blocks along the last axis) to packed words.
 
@@ -203,9 +209,9 @@ def cast_packed(
     subnormal fl(y * NORM) scales to at most 0.25 (e >= -124, where both sides round to code 0). A
     tile with any block outside that range takes the multiplies one at a time, exact for every e.
 
-    BLOCK_LAYOUT and WORDS_LAYOUT serve Gluon callers (`prepass_hopper`), whose layouts must match
-    explicitly: (block maxima, y3) -> the maxima in y3's layout reduced over its last axis, and
-    `_cast_words`' mask hook. Layout changes only: the arithmetic is the same.
+    BLOCK_LAYOUT, WORDS_LAYOUT and PACK serve Gluon callers (`prepass_hopper`), whose layouts must
+    match explicitly: (block maxima, y3) -> the maxima in y3's layout reduced over its last axis,
+    and `_cast_words`' hooks. The same bits either way.
     """
     amax_bits = _block_amax_bits(y3, 2, IN_THREAD)
     if BLOCK_LAYOUT is not None:
@@ -226,7 +232,7 @@ def cast_packed(
         if NORM != 1.0:
             y3 = y3 * NORM
         ps = (y3 * tl.expand_dims(c, 2)) * _TWO_M104
-    return _cast_words(ps, bad, Q_EXP, WORDS_LAYOUT), tl.where(bad, 255, e + 127)
+    return _cast_words(ps, bad, Q_EXP, WORDS_LAYOUT, PACK), tl.where(bad, 255, e + 127)
 
 
 @triton.jit

@@ -186,24 +186,7 @@ if HAS_GLUON:
             or.b32 c, c, o;
             or.b32 $0, c, e; }""",
             "=r" + ",r" * 16,
-            [
-                la[0],
-                la[1],
-                la[2],
-                la[3],
-                la[4],
-                la[5],
-                la[6],
-                la[7],
-                sg[0],
-                sg[1],
-                sg[2],
-                sg[3],
-                sg[4],
-                sg[5],
-                sg[6],
-                sg[7],
-            ],
+            la + sg,
             dtype=gl.int32,
             is_pure=True,
             pack=1,
@@ -253,7 +236,8 @@ if HAS_GLUON:
         W: gl.constexpr = gl.num_warps()
         # [row, half, j]: lane bit 0 picks the half of the row (order [2, 1, 0] fills dims 2, 1, 0
         # with lane bits in turn), so `_partner_lane` swaps the halves. Words are bf16 pairs
-        # (strides in words), 16 per thread per 64 bytes: contiguous 16-byte loads and stores.
+        # (strides in words): a thread loads its half row as 32 contiguous words (16-byte loads)
+        # and stores 8 words of codes.
         words_l: gl.constexpr = gl.BlockedLayout([1, 1, 32], [16, 2, 1], [W, 1, 1], [2, 1, 0])
         vals_l: gl.constexpr = gl.BlockedLayout([1, 1, 64], [16, 2, 1], [W, 1, 1], [2, 1, 0])
         out_l: gl.constexpr = gl.BlockedLayout([1, 1, 8], [16, 2, 1], [W, 1, 1], [2, 1, 0])

@@ -1,5 +1,6 @@
 """The pre-pass's rotated, packed Q^ pass alone: the `tl` kernel against the sm_90 Gluon kernel
 (`kernels/prepass_hopper.py`, at each warp count), as bandwidth against a copy of Q in the same run.
+Shapes and inputs are `bench_attention`'s (its Q only).
 
 Every row is a CUDA graph replay (device time). Bytes per element: 2 read, 0.53125 written (codes
 and scales); the copy reads and writes 2 each. Each Gluon variant's bytes are compared with the
@@ -16,46 +17,37 @@ import sys
 import time
 
 import torch
+from bench_attention import SHAPES, _bench, _inputs  # this folder is sys.path[0] when run as a script
 
-SHAPES = {  # label: (H, L), D = 128, B = 1
-    "cross-32k": (40, 32760),
-    "wan14b-16k": (40, 16384),
-    "wan14b-4k": (40, 4096),
-    "wan1.3b-32k": (12, 32760),
-}
+DEFAULT_SHAPES = "cross-32k-512,wan14b-16k,wan14b-4k,wan1.3b-d128-32k"  # Q of each: [1, H, Lq, D]
 PASS_BYTES_PER_ELEMENT = 2 + 0.5 + 1 / 32
 
 
-def _graph_ms(fn, rep_ms: float) -> float:
-    import triton.testing
-
-    fn()
-    torch.cuda.synchronize()
-    return triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median")
-
-
-def measure(h: int, n: int, warps: list[int], rep_ms: float) -> dict:
-    """Times (ms) and fractions of the copy bandwidth of each variant for one [1, h, n, 128] Q."""
+def measure(h: int, n: int, d: int, warps: list[int], rep_ms: float) -> dict:
+    """Times (ms) and fractions of the copy bandwidth of each variant for one [1, h, n, d] Q
+    (`bench_attention`'s query, channel outliers included)."""
     from mxattention.kernels import prepass_hopper as ph
     from mxattention.kernels.prepass import padded_len, prepass_qk
 
-    g = torch.Generator(device="cuda").manual_seed(0)
-    scale = torch.exp(torch.randn(128, device="cuda", generator=g))  # channel outliers
-    x = (torch.randn(1, h, n, 128, device="cuda", generator=g) * scale).bfloat16()
+    x = _inputs(h, n, 1, d)[0]
     y = torch.empty_like(x)
-    row = {"H": h, "L": n, "D": 128, "copy_ms": _graph_ms(lambda: y.copy_(x), rep_ms)}
+
+    def ms(fn) -> float:
+        return _bench(fn, rep_ms, graph=True)[0]
+
+    row = {"H": h, "L": n, "D": d, "copy_ms": ms(lambda: y.copy_(x))}
     usable_q, default_warps = ph.usable_q, ph.Q_WARPS
     try:
         ph.usable_q = lambda *a, **k: False
         ref = prepass_qk(x, "uos", hadamard=True)
-        row["tl_ms"] = _graph_ms(lambda: prepass_qk(x, "uos", hadamard=True), rep_ms)
+        row["tl_ms"] = ms(lambda: prepass_qk(x, "uos", hadamard=True))
         ph.usable_q = usable_q
         if usable_q(x, padded_len(n, 128), hadamard=True):  # prepass_qk's default padding
             for w in warps:
                 ph.Q_WARPS = w
                 out = prepass_qk(x, "uos", hadamard=True)
                 row[f"gluon_w{w}_same_bytes"] = all(torch.equal(a, b) for a, b in zip(ref, out, strict=True))
-                row[f"gluon_w{w}_ms"] = _graph_ms(lambda: prepass_qk(x, "uos", hadamard=True), rep_ms)
+                row[f"gluon_w{w}_ms"] = ms(lambda: prepass_qk(x, "uos", hadamard=True))
     finally:
         ph.usable_q, ph.Q_WARPS = usable_q, default_warps
     copy_bw = 2 * 2 * x.numel() / row["copy_ms"]
@@ -66,7 +58,7 @@ def measure(h: int, n: int, warps: list[int], rep_ms: float) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated: " + ", ".join(SHAPES))
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma-separated `bench_attention` labels")
     ap.add_argument("--warps", default="1,2,4", help="Gluon warps per program to try")
     ap.add_argument("--rep-ms", type=float, default=100.0, help="time budget per variant (ms)")
     ap.add_argument("--out", default="benchmarks/results/raw", help="output folder")
@@ -89,8 +81,8 @@ def main(argv=None) -> int:
         "rows": [],
     }
     for label in args.shapes.split(","):
-        h, n = SHAPES[label]
-        row = {"label": label, **measure(h, n, warps, args.rep_ms)}
+        h, lq, _, d = SHAPES[label]
+        row = {"label": label, **measure(h, lq, d, warps, args.rep_ms)}
         print(row, flush=True)
         res["rows"].append(row)
         torch.cuda.empty_cache()

@@ -196,3 +196,48 @@ def test_cast_packed_equals_mx_quantize(rule, norm, device):
     ref = mx_quantize(y * norm, axis=-1, rule=rule)
     assert torch.equal(words.cpu().view(torch.uint8), ref.data)
     assert torch.equal(scales.cpu().to(torch.uint8), ref.scales)
+
+
+def _binade_edge_blocks() -> torch.Tensor:
+    """Blocks [n, 32] whose block max is 7.25 * 2**e or 6 * 2**e (e from -120 to 120) and whose other
+    elements sit at the edges of each binade of the scaled domain (0.25 to 8 times 2**e): the power
+    of two itself, 1 to 3 ulps above it and 1 to 4 ulps below it, with both signs. `cast_packed`'s
+    rounding takes its step from fl(a (1 - 2**-22)), which just above a power of two falls under it and
+    just below the next one comes within 2**-21 of it: these are the values where it could go wrong."""
+    edges = []
+    for p in (0.25, 0.5, 1.0, 2.0, 4.0, 8.0):
+        v = torch.tensor(p, dtype=torch.float32)
+        up, down = v.clone(), v.clone()
+        edges.append(v.clone())
+        for _ in range(4):
+            up = torch.nextafter(up, torch.tensor(float("inf")))
+            down = torch.nextafter(down, torch.tensor(0.0))
+            edges += [up.clone(), down.clone()]
+    edges = torch.stack(edges)[:31]
+    blocks = []
+    for e in range(-120, 121, 7):
+        for bmax in (7.25, 6.0):
+            row = torch.cat([torch.tensor([bmax]), edges.clamp(max=bmax)]) * 2.0**e
+            blocks += [row, -row]
+    return torch.stack(blocks)
+
+
+@pytest.mark.parametrize("rule", ("ocp", "uos"))
+def test_cast_packed_binade_edges(rule, device):
+    """`cast_packed` (no rotation: norm 1 and a power of two) equals mx_quantize on values a few ulps
+    from every binade edge of the E2M1 ladder, at block scales across the exponent range."""
+    from mxattention.formats.mx import mx_quantize
+    from mxattention.kernels.prepass import fold_e_max
+
+    y = _binade_edge_blocks()
+    y = torch.cat([y, torch.zeros((-y.shape[0]) % 32, 32)]).view(-1, 64)
+    rc = rule_constants(rule)
+    for norm in (1.0, 0.5):
+        words = torch.empty(y.shape[0], 8, dtype=torch.int32, device=device)
+        scales = torch.empty(y.shape[0], 2, dtype=torch.int32, device=device)
+        _packed_cast_kernel[(y.shape[0] // 16,)](
+            y.to(device), words, scales, norm, rc.ceil, rc.q_exp, rc.q_mant, fold_e_max(norm), 16, 64
+        )
+        ref = mx_quantize(y * norm, axis=-1, rule=rule)
+        assert torch.equal(words.cpu().view(torch.uint8), ref.data)
+        assert torch.equal(scales.cpu().to(torch.uint8), ref.scales)

@@ -29,6 +29,7 @@ from mxattention.kernels._triton import tl, triton
 
 # 2**-104: the packed cast rounds p * 2**-104, which leaves r * 2**-126 (the code's bits; `_cast_words`).
 _TWO_M104: tl.constexpr = tl.constexpr(2.0**-104)
+_ONE_M22: tl.constexpr = tl.constexpr(1.0 - 2.0**-22)
 
 
 @triton.jit
@@ -169,8 +170,13 @@ def _cast_words(ps, bad, Q_EXP: tl.constexpr, WORDS_LAYOUT: tl.constexpr = None,
     # Saturating first leaves every ladder decision as it was (6 is on the ladder) and keeps |p|
     # small for the rounding; a NaN p belongs to a bad block, whose words are zeroed below.
     a = tl.minimum(tl.abs(ps), 6.0 * _TWO_M104)
-    binade = (a.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
-    step = tl.maximum(binade, _TWO_M104)  # the step below 1
+    # The rounding constant 2**22 step needs a step in a's binade [2**E, 2**(E + 1)), at most
+    # 2**(E + 1) - 2**(E - 21): then a + 2**22 step lies in [2**(E + 22), 2**(E + 23)), whose ulp is
+    # the ladder step 2**(E - 1), and 2**22 step is a multiple of it. fl(a (1 - 2**-22)) is such a
+    # step (the two lowest a also land on multiples of 2**(E - 23) just below 2**E, which works the
+    # same; every fp32 a checked), one multiply on the fp32 pipe where the exponent mask took the
+    # integer pipe, which bounds this cast on Hopper. Below 1 (2**-104) the step is 1.
+    step = tl.maximum(a * _ONE_M22, _TWO_M104)
     # (a + 2**22 step) 2**-22 - step. Triton emits -x as 0 - x, which the compiler may not turn into
     # the fma's free operand negation (the two differ for x = 0); x * -1.0 becomes one (-1 instruction).
     lad = tl.fma(tl.fma(step, 4194304.0, a), 2.384185791015625e-07, step * -1.0)

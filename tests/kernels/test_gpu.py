@@ -81,11 +81,13 @@ def test_gluon_k_pass_equals_tl_kernel(case, rule, monkeypatch):
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # torch's butterflies overflow to Inf, as the kernel's
 @pytest.mark.parametrize("rule", ["uos", "ocp", "tfs", 5.3])
-@pytest.mark.parametrize("case", ["outliers", "nonfinite", "blhd", "many_tiles", "extreme", "hard"])
+@pytest.mark.parametrize("case", ["outliers", "nonfinite", "blhd", "many_tiles", "long", "extreme", "hard"])
 def test_gluon_q_pass_equals_mx_quantize(case, rule, monkeypatch):
     """The split-row Gluon Q^ pass writes mx_quantize(rotate(q))'s bytes, as the `tl` kernel does:
     two lanes per row and a shuffle for the last butterfly level change nothing. "extreme" puts
-    blocks on both sides of the folded scale's exact range (cast.cast_packed's per-tile fallback)."""
+    blocks on both sides of the folded scale's exact range (cast.cast_packed's per-tile fallback);
+    "long" gives each persistent program several tiles, so its TMA ring wraps around (phases 0, 1,
+    0, ...), with a ragged last tile that TMA fills with zeros."""
     from mxattention.formats.ladders import E2M1
     from mxattention.formats.mx import mx_quantize
     from mxattention.kernels import prepass_hopper
@@ -96,7 +98,9 @@ def test_gluon_q_pass_equals_mx_quantize(case, rule, monkeypatch):
     if torch.cuda.get_device_capability() != (9, 0) or not prepass_hopper.HAS_GLUON:
         pytest.skip("the Gluon pass runs on sm_90")
     g = torch.Generator(device="cuda").manual_seed(len(case))
-    b, h, n = (1, 40, 4096) if case == "many_tiles" else (2, 3, 1000)  # a ragged last tile
+    b, h, n = {"many_tiles": (1, 40, 4096), "long": (1, 40, 8200)}.get(
+        case, (2, 3, 1000)
+    )  # ragged last tiles
     x = torch.randn((b, h, n, 128), device="cuda", generator=g) * torch.exp(
         2 * torch.randn(128, device="cuda", generator=g)
     )
@@ -113,7 +117,7 @@ def test_gluon_q_pass_equals_mx_quantize(case, rule, monkeypatch):
     if case == "hard":  # ties, powers of two, rule boundaries and their neighbours, as bf16
         x[0, 0, :64] = hard_values(E2M1, 64 * 128, seed=5).view(64, 128).cuda()
     x = x.bfloat16()
-    lp = 1024 if n == 1000 else n
+    lp = -(-n // 128) * 128
     assert prepass_hopper.usable_q(x, lp, hadamard=True)
     codes, scales = prepass_qk(x, rule, hadamard=True)
     assert not prepass_hopper._broken

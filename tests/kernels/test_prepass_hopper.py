@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not prepass_hopper.HAS_GLUON, reason="this Trito
 # without TRITON_INTERPRET.
 _BUILD = textwrap.dedent(
     """
-    import inspect, json, sys
+    import inspect, json, os, re, subprocess, sys, tempfile
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -31,26 +31,40 @@ _BUILD = textwrap.dedent(
     rc = rule_constants("uos")
     rule = dict(CEIL=rc.ceil, Q_EXP=rc.q_exp, Q_MANT=rc.q_mant)
     if kernel == "k":
-        fn, warps, ptrs = ph._k_bf16_pipelined_kernel, ph.WARPS, {"X": x_type, "Out": "*bf16"}
-        consts = dict(BL=ph.TILE_ROWS, DP=ph.HEAD_DIM, STAGES=ph.STAGES, ROT_LEVELS=7, ROT_NORM=128**-0.5, **rule)
+        fn, ptrs = ph._k_bf16_pipelined_kernel, {"X": x_type, "Out": "*bf16"}
+        rows, warps = (ph.SMALL_TILE_ROWS, ph.SMALL_WARPS) if sys.argv[3:] == ["small"] else (ph.TILE_ROWS, ph.WARPS)
+        consts = dict(BL=rows, DP=ph.HEAD_DIM, STAGES=ph.STAGES, ROT_LEVELS=7, ROT_NORM=128**-0.5, **rule)
+        options = dict(num_warps=warps)
     else:
-        fn, warps, ptrs = ph._q_packed_kernel, ph.Q_WARPS, {"X": x_type, "Codes": "*u8", "Scales": "*u8"}
-        consts = dict(BL=16 * ph.Q_WARPS, NORM=128**-0.5, FOLD_E_MAX=122, **rule)
+        fn, ptrs = ph._q_packed_kernel, {"Codes": "*u8", "Scales": "*u8"}
+        consts = dict(NORM=128**-0.5, FOLD_E_MAX=122, STAGES=ph.Q_STAGES, **rule)
+        options = dict(num_warps=ph.Q_WARPS, maxnreg=ph.Q_MAXNREG)
     names = list(inspect.signature(fn.fn).parameters)
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in names}
+    if kernel == "q":  # the host's descriptor: [1, 1, rows, 2, 32] int32 boxes, 128-byte swizzle
+        layout = ph.gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=5)
+        sig["desc"] = f"tensordesc<i32[1, 1, {16 * ph.Q_WARPS}, 2, 32],{layout}>"
     src = GluonASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()},
                          attrs={(names.index(n),): [["tt.divisibility", 16]] for n in ptrs})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     ptx = k.asm["ptx"]
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "--dump-resource-usage", f.name],
+                               capture_output=True, text=True, check=True).stdout
+    regs = int(re.search(r"REG:([0-9]+)", usage).group(1))
     print(json.dumps({"shared": k.metadata.shared, "cp_async": ptx.count("cp.async.cg.shared.global"),
+                      "tma": ptx.count("cp.async.bulk.tensor.5d"), "regs": regs,
                       "shfl": ptx.count(", 1, 0x1f, 0xffffffff;"), "prmt_merge": ptx.count(", 0x7610;")}))
     """
 )
 
 
-def _build(kernel: str, x_type: str) -> dict:
+def _build(kernel: str, x_type: str, *extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [sys.executable, "-c", _BUILD, kernel, x_type]
+    cmd = [sys.executable, "-c", _BUILD, kernel, x_type, *extra]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -64,8 +78,19 @@ def test_k_pass_builds_for_sm90(x_type):
     assert info["cp_async"] > 0  # 16-byte copies: the strides' alignment was proven
 
 
+def test_k_pass_builds_with_short_key_tiles():
+    info = _build("k", "*bf16", "small")
+    assert (info["shared"] + 1024) * prepass_hopper.SMALL_PROGRAMS_PER_SM <= 228 * 1024
+    assert info["cp_async"] > 0  # 16-byte copies: the strides' alignment was proven
+
+
 def test_q_pass_builds_for_sm90():
     info = _build("q", "*bf16")
+    # Row tiles come by TMA (one 5-d box per tile); the programs that fill an SM fit its registers
+    # and its 228 KiB of shared memory.
+    assert info["tma"] > 0 and info["regs"] <= prepass_hopper.Q_MAXNREG
+    resident = 65536 // (info["regs"] * 32 * prepass_hopper.Q_WARPS)
+    assert resident * (info["shared"] + 1024) <= 228 * 1024
     # The last butterfly level: one shuffle (`_partner_lane`'s) per value a thread holds.
     assert info["shfl"] == 64
     # `_pack_words`: 8 words per thread (64 values), two byte-permute merges of signs each.
@@ -92,7 +117,14 @@ def test_usable_only_for_cuda_bf16_d128():
         assert not prepass_hopper.usable_q(
             torch.zeros(1, 2, 256, 129, dtype=torch.bfloat16)[..., 1:], 256, True
         )
-        assert not prepass_hopper.usable(x, 96, hadamard=True) and not prepass_hopper.usable_q(x, 48, True)
+        # TMA: 16-byte aligned base and strides (bf16 pairs alone are not enough).
+        assert not prepass_hopper.usable_q(
+            torch.zeros(1, 2, 256, 130, dtype=torch.bfloat16)[..., 2:], 256, True
+        )
+        assert not prepass_hopper.usable_q(
+            torch.zeros(1, 2, 256, 132, dtype=torch.bfloat16)[..., :128], 256, True
+        )
+        assert not prepass_hopper.usable(x, 96, hadamard=True) and not prepass_hopper.usable_q(x, 40, True)
         mp.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
         assert not prepass_hopper.usable(x, 256, hadamard=True) and not prepass_hopper.usable_q(x, 256, True)
 
@@ -170,10 +202,21 @@ def test_prepass_qk_hands_the_k_kernel_its_arguments(recorders):
         kwargs["ROT_LEVELS"] == 7 and kwargs["ROT_NORM"] == pytest.approx(128**-0.5) and kwargs["DP"] == 128
     )
     assert calls[1][1][1:5] == (x, out, 200, 2)
+    # 4 tiles of 128 rows against 264 programs: the short-key tiles, 16 of them (8 per head).
+    small = prepass_hopper.SMALL_TILE_ROWS
+    assert kwargs["BL"] == small and kwargs["num_warps"] == prepass_hopper.SMALL_WARPS
+    assert calls[1][1][0] == (2 * 256 // small,) and calls[1][1][9:] == (2 * 256 // small, 256 // small)
+    # Enough rows for every program: the large tiles, as many programs as fill the SMs.
+    x = torch.empty(1, 8, 8192, 128, dtype=torch.bfloat16)
+    prepass.prepass_qk(x, "uos", hadamard=True, out_bf16=True)
+    grid, kwargs = calls[-1][1][0], calls[-1][2]
+    assert kwargs["BL"] == prepass_hopper.TILE_ROWS and kwargs["num_warps"] == prepass_hopper.WARPS
+    assert grid == (prepass_hopper.PROGRAMS_PER_SM * 132,)
 
 
 def test_prepass_qk_hands_the_q_kernel_its_arguments(recorders):
-    """The same for the packed Q^ pass: outputs, strides in int32 words, the fold bound, the grid."""
+    """The same for the packed Q^ pass: a TMA descriptor over x's bf16 pairs (strides in int32
+    words), the outputs, the tile count, the fold bound, the grid and the compile options."""
     from mxattention.kernels import prepass
 
     x = torch.zeros(2, 200, 3, 128, dtype=torch.bfloat16).transpose(1, 2)  # [B, H, L, D] as BLHD
@@ -181,14 +224,15 @@ def test_prepass_qk_hands_the_q_kernel_its_arguments(recorders):
     assert codes.shape == (2, 3, 256, 64) and scales.shape == (2, 3, 256, 4)
     calls = recorders["q"].calls
     assert [c[0] for c in calls] == ["warmup", "launch"] and not recorders["k"].calls
-    grid, *args = calls[1][1]
+    grid, desc, *args = calls[1][1]
     rows = 16 * prepass_hopper.Q_WARPS
-    assert grid == (256 // rows, 6)
-    assert args[:5] == [x, codes, scales, 200, 3]
-    assert args[5:] == [200 * 3 * 64, 64, 3 * 64, 256]  # strides of x in words, then L_PAD
+    per_head = min(256 // rows, -(-prepass_hopper.Q_PROGRAMS_PER_SM * 132 // 6))
+    assert grid == (per_head, 6)
+    assert desc.base.data_ptr() == x.data_ptr() and desc.base.dtype == torch.int32
+    assert list(desc.shape) == [2, 3, 200, 2, 32] and list(desc.strides) == [200 * 3 * 64, 64, 3 * 64, 32, 1]
+    assert list(desc.block_shape) == [1, 1, rows, 2, 32]
+    assert args == [codes, scales, 3, 256, 256 // rows]
     kwargs = calls[1][2]
-    assert kwargs["BL"] == rows and kwargs["NORM"] == pytest.approx(128**-0.5)
-    assert (
-        kwargs["FOLD_E_MAX"] == prepass.fold_e_max(128**-0.5)
-        and kwargs["num_warps"] == prepass_hopper.Q_WARPS
-    )
+    assert kwargs["NORM"] == pytest.approx(128**-0.5) and kwargs["STAGES"] == prepass_hopper.Q_STAGES
+    assert kwargs["FOLD_E_MAX"] == prepass.fold_e_max(128**-0.5)
+    assert kwargs["num_warps"] == prepass_hopper.Q_WARPS and kwargs["maxnreg"] == prepass_hopper.Q_MAXNREG

@@ -240,6 +240,9 @@ def _v_prepass_kernel(
 # (rows per program, warps) of each pass and layout; H200 sweep (benchmarks/results/raw/
 # prepass_sweep_v6_h200.json). Row layout: one row per thread, 32 rows per warp. Module state so
 # the benchmark can sweep them.
+# The bf16 V^ pass with fewer programs than this per SM takes 2 warps per program (40 heads x 512
+# keys: 5.5 -> 4.4 us on the H200, benchmarks/results/raw/prepass_small_kv_v10_h200.json).
+V_SMALL_GRID_PER_SM = 8
 PREPASS_TILES = {
     "qk_rows": (128, 4),
     "qk_tile": (32, 4),
@@ -355,7 +358,12 @@ def prepass_v(
     else:
         codes = torch.empty((b, h, dp, lp // 2), dtype=torch.uint8, device=v.device)
         scales = torch.empty((b, h, dp, lp // MX_BLOCK_SIZE), dtype=torch.uint8, device=v.device)
-    bl, warps = _tile("v_256" if dp > 128 else ("v_bf16" if out_bf16 else "v_packed"), lp)
+    key = "v_256" if dp > 128 else ("v_bf16" if out_bf16 else "v_packed")
+    bl, warps = _tile(key, lp)
+    if key == "v_bf16" and v.is_cuda:
+        sms = torch.cuda.get_device_properties(v.device).multi_processor_count
+        if (lp // bl) * b * h < V_SMALL_GRID_PER_SM * sms:
+            warps = max(warps, 2)  # few programs (short keys): more warps each hide more of the latency
     _v_prepass_kernel[(lp // bl, b * h)](
         v,
         codes,

@@ -11,11 +11,13 @@ layouts could not get right for these passes (benchmarks/NOTES.md, v6a, v7, v9):
   through shared memory to coalesced stores. 74-77 % of the copy bandwidth on the H200, against
   65-68 % for the `tl` kernel.
 - `prepass_q_packed` (Q^, packed out): each row on two lanes, 64 columns each, so a thread holds
-  half as many values (80 registers instead of 168: twice the warps per SM to hide the loads).
-  The first six butterfly levels stay in the thread; the last one (columns j, j + 64) takes the
-  partner lane's value by one shuffle and one fma; the codes of 8 values go into their word in
-  one asm block (`_pack_words`). Packed output makes this pass issue-bound, and the occupancy is
-  what the one-row-per-thread `tl` kernel lacked: ~13 % faster on the H200.
+  half as many values (96 registers instead of 168). The first six butterfly levels stay in the
+  thread; the last one (columns j, j + 64) takes the partner lane's value by one shuffle and one
+  fma; the codes of 8 values go into their word in one asm block (`_pack_words`). Persistent
+  one-warp programs take row tiles through a ring of two TMA buffers (the next tile's copy runs
+  while this one is cast, and needs no registers): global loads straight into the row layout had
+  each warp's 16-byte loads touch 32 lines, and their latency was the pass's largest stall.
+  72 % of the copy bandwidth on the H200 (64 % with those loads, 56 % for the `tl` kernel).
 
 Both are used by `prepass.prepass_qk` on sm_90 only (where they were measured), for head dim 128;
 Gluon is experimental, so a Triton that cannot build one falls back to the `tl` kernel with one
@@ -36,19 +38,29 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     # Renamed after Triton 3.6 (the old names are gone or raise); same arguments.
     _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
     HAS_GLUON = True
-except (ImportError, AttributeError):  # no Triton, or one without Gluon's cp.async
+except (ImportError, AttributeError):  # no Triton, or one without Gluon's cp.async and TMA
     HAS_GLUON = False
 
 # K^: (rows per tile, warps, pipeline stages, programs per SM); H200 sweep (benchmarks/results/raw/
 # prepass_gluon_pipe_v7_h200.json): 2 programs of 4 warps (188 registers per thread) fill an SM.
 TILE_ROWS, WARPS, STAGES, PROGRAMS_PER_SM = 128, 4, 2, 2
-# Q^: warps per program (16 rows per warp); 2 and 4 within 2 % on the H200 (raw/prepass_q_split_v9_h200.json).
-Q_WARPS = 2
+# K^ with fewer tiles than those programs (short keys: cross-attention's 512): tiles of 32 rows, one
+# warp each, spread the few rows over every SM (40 heads x 512 keys: 7.0 -> 6.6 us on the H200,
+# benchmarks/results/raw/prepass_small_kv_v10_h200.json).
+SMALL_TILE_ROWS, SMALL_WARPS, SMALL_PROGRAMS_PER_SM = 32, 1, 8
+# Q^: warps per program (16 rows each), TMA ring stages, registers per thread (ptxas gives the loop
+# 128 unbounded; 96 keeps 20 programs per SM without spills at 1 warp), programs per SM in the grid
+# (two waves of the 20 resident: shorter programs balance better); H200 sweep in
+# benchmarks/results/raw/prepass_q_tma_v10_h200.json.
+Q_WARPS, Q_STAGES, Q_MAXNREG, Q_PROGRAMS_PER_SM = 1, 2, 96, 40
 HEAD_DIM = 128
 
 if HAS_GLUON:
@@ -209,83 +221,96 @@ if HAS_GLUON:
         )
 
     @gluon.jit
-    def _half_row_offsets(pid, bh, L_PAD, BL: gl.constexpr, N: gl.constexpr, layout: gl.constexpr):
-        """Element offsets of program pid's [BL, 2, N] (row, half, j) in an output of rows of 2 N
-        elements, L_PAD rows per head bh, in `layout`."""
-        r = pid * BL + gl.arange(0, BL, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))
+    def _tile_offsets(BL: gl.constexpr, N: gl.constexpr, layout: gl.constexpr):
+        """Offsets (int32) of a [BL, 2, N] (row, half, j) tile in rows of 2 N elements, in `layout`."""
+        r = gl.arange(0, BL, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))
         half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))
         j = gl.arange(0, N, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))
-        base = bh.to(gl.int64) * L_PAD + r[:, None, None].to(gl.int64)
-        return base * (2 * N) + half[None, :, None] * N + j[None, None, :]
+        return r[:, None, None] * (2 * N) + half[None, :, None] * N + j[None, None, :]
+
+    @gluon.jit
+    def _fetch_q_tile(desc, buf, bar, b, h, tile, n_tiles):
+        """Start the TMA copy of row tile `tile` of head (b, h) into buf, arriving on bar (nothing
+        past the last tile; rows past L arrive as zeros)."""
+        ok = tile < n_tiles
+        mbarrier.expect(bar, desc.block_type.nbytes, pred=ok)
+        _tma_load(desc, [b, h, tile * desc.block_type.shape[2], 0, 0], bar, buf, pred=ok)
 
     @gluon.jit
     def _q_packed_kernel(
-        X,
+        desc,
         Codes,
         Scales,
-        L,
         H,
-        stride_b2,
-        stride_h2,
-        stride_l2,
         L_PAD,
-        BL: gl.constexpr,
+        n_tiles,
         NORM: gl.constexpr,
         FOLD_E_MAX: gl.constexpr,
         CEIL: gl.constexpr,
         Q_EXP: gl.constexpr,
         Q_MANT: gl.constexpr,
+        STAGES: gl.constexpr,
     ):
+        # Program (p, bh) takes row tiles p, p + P, ... of head bh. desc reads x [B, H, L, 128] as
+        # int32 words [B, H, L, 2, 32] (bf16 pairs; a half row per [2] index), in boxes of
+        # [1, 1, BL, 2, 32] with 128-byte swizzle: the 8 threads of a shared-memory phase read 8 half
+        # rows, whose 16-byte chunks the swizzle spreads over every bank.
         W: gl.constexpr = gl.num_warps()
+        BL: gl.constexpr = desc.block_type.shape[2]
+        gl.static_assert(BL == 16 * W, "a tile is 16 rows per warp")
         # [row, half, j]: lane bit 0 picks the half of the row (order [2, 1, 0] fills dims 2, 1, 0
-        # with lane bits in turn), so `_partner_lane` swaps the halves. Words are bf16 pairs
-        # (strides in words): a thread loads its half row as 32 contiguous words (16-byte loads)
-        # and stores 8 words of codes.
+        # with lane bits in turn), so `_partner_lane` swaps the halves.
         words_l: gl.constexpr = gl.BlockedLayout([1, 1, 32], [16, 2, 1], [W, 1, 1], [2, 1, 0])
         vals_l: gl.constexpr = gl.BlockedLayout([1, 1, 64], [16, 2, 1], [W, 1, 1], [2, 1, 0])
         out_l: gl.constexpr = gl.BlockedLayout([1, 1, 8], [16, 2, 1], [W, 1, 1], [2, 1, 0])
         scale_l: gl.constexpr = gl.BlockedLayout([1, 1, 2], [16, 2, 1], [W, 1, 1], [2, 1, 0])
-        pid = gl.program_id(0)
+        buf = gl.allocate_shared_memory(gl.int32, [STAGES] + desc.block_type.shape, desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(bars.index(s), count=1)
+        p0 = gl.program_id(0)
+        n_p = gl.num_programs(0)
         bh = gl.program_id(1)
         b = bh // H
-        rows = pid * BL + gl.arange(0, BL, layout=gl.SliceLayout(1, gl.SliceLayout(2, words_l)))
-        half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, words_l)))
-        j = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, words_l)))
-        ptrs = (
-            X.to(gl.pointer_type(gl.int32))
-            + b.to(gl.int64) * stride_b2
-            + (bh - b * H).to(gl.int64) * stride_h2
-        )
-        ptrs = (
-            ptrs
-            + rows[:, None, None].to(gl.int64) * stride_l2
-            + (half[None, :, None] * 32 + j[None, None, :])
-        )
-        w = gl.load(ptrs, mask=rows[:, None, None] < L, other=0)
-        lo = (w << 16).to(gl.float32, bitcast=True)  # element 2j: the low half (little-endian)
-        hi = (w & -65536).to(gl.float32, bitcast=True)
-        x = hadamard_rows(gl.reshape(gl.join(lo, hi), [2 * BL, 64]), 2 * BL, 64, 6, 1.0)
-        # The last level pairs (j, j + 64): the first half's lane keeps a + b, the second's a - b.
-        x = gl.reshape(x, [BL, 2, 64])
+        h = bh - b * H
+        for s in gl.static_range(STAGES):
+            _fetch_q_tile(desc, buf.index(s), bars.index(s), b, h, p0 + s * n_p, n_tiles)
         half_v = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, vals_l)))
         sign = gl.where(half_v == 0, 1.0, -1.0)[None, :, None]
-        x = gl.fma(x, sign, _partner_lane(x))
-        words, scales = cast_packed(
-            gl.reshape(x, [2 * BL, 2, 32]),
-            NORM,
-            CEIL,
-            Q_EXP,
-            Q_MANT,
-            True,
-            FOLD_E_MAX,
-            _block_layout,
-            _words_layout,
-            _pack_words,
-        )
-        words = gl.convert_layout(gl.reshape(words, [BL, 2, 8]), out_l)
-        gl.store(Codes.to(gl.pointer_type(gl.int32)) + _half_row_offsets(pid, bh, L_PAD, BL, 8, out_l), words)
-        scales = gl.convert_layout(gl.reshape(scales, [BL, 2, 2]), scale_l).to(gl.uint8)
-        gl.store(Scales + _half_row_offsets(pid, bh, L_PAD, BL, 2, scale_l), scales)
+        code_offs = _tile_offsets(BL, 8, out_l)
+        scale_offs = _tile_offsets(BL, 2, scale_l)
+        i = 0
+        for tile in range(p0, n_tiles, n_p):
+            st = i % STAGES
+            mbarrier.wait(bars.index(st), (i // STAGES) & 1)
+            w = buf.index(st).reshape([BL, 2, 32]).load(words_l)
+            _cta_barrier()  # every warp has read stage st before the next copy lands in it
+            _fetch_q_tile(desc, buf.index(st), bars.index(st), b, h, tile + STAGES * n_p, n_tiles)
+            i += 1
+            lo = (w << 16).to(gl.float32, bitcast=True)  # element 2j: the low half (little-endian)
+            hi = (w & -65536).to(gl.float32, bitcast=True)
+            x = hadamard_rows(gl.reshape(gl.join(lo, hi), [2 * BL, 64]), 2 * BL, 64, 6, 1.0)
+            # The last level pairs (j, j + 64): the first half's lane keeps a + b, the second's a - b.
+            x = gl.fma(gl.reshape(x, [BL, 2, 64]), sign, _partner_lane(gl.reshape(x, [BL, 2, 64])))
+            words, scales = cast_packed(
+                gl.reshape(x, [2 * BL, 2, 32]),
+                NORM,
+                CEIL,
+                Q_EXP,
+                Q_MANT,
+                True,
+                FOLD_E_MAX,
+                _block_layout,
+                _words_layout,
+                _pack_words,
+            )
+            row0 = bh.to(gl.int64) * L_PAD + tile * BL
+            words = gl.convert_layout(gl.reshape(words, [BL, 2, 8]), out_l)
+            gl.store(Codes.to(gl.pointer_type(gl.int32)) + row0 * 16 + code_offs, words)
+            scales = gl.convert_layout(gl.reshape(scales, [BL, 2, 2]), scale_l).to(gl.uint8)
+            gl.store(Scales + row0 * 4 + scale_offs, scales)
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(s))
 
 
 _broken: dict[str, str] = {}  # kernel name -> the reason, once its build failed in this process
@@ -315,11 +340,11 @@ def usable(x: torch.Tensor, lp: int, hadamard: bool) -> bool:
 
 def usable_q(x: torch.Tensor, lp: int, hadamard: bool) -> bool:
     """Whether `prepass_q_packed` takes x [B, H, L, D] padded to lp rows: a CUDA sm_90 bf16 tensor
-    with D = 128 read as int32 pairs (4-byte aligned, even strides), lp a multiple of its rows per
-    program, and the rotation on."""
+    with D = 128 whose rows TMA can copy (16-byte aligned base and strides), lp a multiple of its
+    tile, and the rotation on."""
     if "q_packed" in _broken or x.dtype != torch.bfloat16 or lp % (16 * Q_WARPS):
         return False
-    aligned = x.data_ptr() % 4 == 0 and all(s % 2 == 0 for s in x.stride()[:-1])
+    aligned = x.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in x.stride()[:-1])
     return aligned and _sm90_d128(x, hadamard)
 
 
@@ -327,14 +352,14 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _launch(name: str, kernel, grid: tuple, args: tuple, consts: dict, warps: int, dtype) -> bool:
-    """Launch a Gluon kernel, built first without launching so that only a build failure (Gluon's
-    API and passes move between Triton releases) falls back: False after one warning naming the
-    error, and `usable*` says no from then on."""
+def _launch(name: str, kernel, grid: tuple, args: tuple, consts: dict, options: dict, dtype) -> bool:
+    """Launch a Gluon kernel (compile `options`: num_warps, maxnreg), built first without launching
+    so that only a build failure (Gluon's API and passes move between Triton releases) falls back:
+    False after one warning naming the error, and `usable*` says no from then on."""
     key = (name, dtype, tuple(sorted(consts.items())))
     if key not in _built:
         try:
-            kernel.warmup(*args, grid=grid, **consts, num_warps=warps)
+            kernel.warmup(*args, grid=grid, **consts, **options)
         except Exception as err:  # any build error: reported once, then the tl kernel
             _broken[name] = f"{type(err).__name__}: {err}"
             warnings.warn(
@@ -345,7 +370,7 @@ def _launch(name: str, kernel, grid: tuple, args: tuple, consts: dict, warps: in
             )
             return False
         _built.add(key)
-    kernel[grid](*args, **consts, num_warps=warps)
+    kernel[grid](*args, **consts, **options)
     return True
 
 
@@ -355,12 +380,16 @@ def prepass_k_bf16(
     """Rotated K^ of x [B, H, L, 128] as bf16 into out [B, H, lp, 128]; False (nothing written) if
     this Triton cannot build the kernel, after one warning that says why."""
     b, h, n, d = x.shape
-    tiles_per_head = lp // TILE_ROWS
+    sms = _sm_count(x.device)
+    rows, warps, per_sm = TILE_ROWS, WARPS, PROGRAMS_PER_SM
+    if b * h * (lp // rows) < per_sm * sms:
+        rows, warps, per_sm = SMALL_TILE_ROWS, SMALL_WARPS, SMALL_PROGRAMS_PER_SM
+    tiles_per_head = lp // rows
     n_tiles = b * h * tiles_per_head
-    grid = (min(n_tiles, PROGRAMS_PER_SM * _sm_count(x.device)),)
+    grid = (min(n_tiles, per_sm * sms),)
     args = (x, out, n, h, x.stride(0) // 8, x.stride(1) // 8, x.stride(2) // 8, lp, n_tiles, tiles_per_head)
-    consts = dict(BL=TILE_ROWS, DP=d, STAGES=STAGES, ROT_LEVELS=rot_levels, ROT_NORM=rot_norm, **rule_args)
-    return _launch("k_bf16", _k_bf16_pipelined_kernel, grid, args, consts, WARPS, x.dtype)
+    consts = dict(BL=rows, DP=d, STAGES=STAGES, ROT_LEVELS=rot_levels, ROT_NORM=rot_norm, **rule_args)
+    return _launch("k_bf16", _k_bf16_pipelined_kernel, grid, args, consts, dict(num_warps=warps), x.dtype)
 
 
 def prepass_q_packed(
@@ -374,8 +403,14 @@ def prepass_q_packed(
 ) -> bool:
     """Rotated, packed Q^ of bf16 x [B, H, L, 128] into codes [B, H, lp, 64] and scales
     [B, H, lp, 4] (uint8); False (nothing written) if this Triton cannot build the kernel."""
-    b, h, n, _ = x.shape
+    b, h, _, _ = x.shape
     rows = 16 * Q_WARPS
-    args = (x, codes, scales, n, h, x.stride(0) // 2, x.stride(1) // 2, x.stride(2) // 2, lp)
-    consts = dict(BL=rows, NORM=rot_norm, FOLD_E_MAX=fold_e_max, **rule_args)
-    return _launch("q_packed", _q_packed_kernel, (lp // rows, b * h), args, consts, Q_WARPS, x.dtype)
+    words = x.view(torch.int32).unflatten(-1, (2, 32))  # bf16 pairs, a half row per index of [2]
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=5)
+    desc = TensorDescriptor(words, list(words.shape), list(words.stride()), [1, 1, rows, 2, 32], layout)
+    n_tiles = lp // rows
+    per_head = max(1, min(n_tiles, -(-Q_PROGRAMS_PER_SM * _sm_count(x.device) // (b * h))))
+    args = (desc, codes, scales, h, lp, n_tiles)
+    consts = dict(NORM=rot_norm, FOLD_E_MAX=fold_e_max, STAGES=Q_STAGES, **rule_args)
+    options = dict(num_warps=Q_WARPS, maxnreg=Q_MAXNREG)
+    return _launch("q_packed", _q_packed_kernel, (per_head, b * h), args, consts, options, x.dtype)

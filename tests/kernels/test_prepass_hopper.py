@@ -36,7 +36,7 @@ _BUILD = textwrap.dedent(
         consts = dict(BL=rows, DP=ph.HEAD_DIM, STAGES=ph.STAGES, ROT_LEVELS=7, ROT_NORM=128**-0.5, **rule)
         options = dict(num_warps=warps)
     else:
-        fn, ptrs = ph._q_packed_kernel, {"Codes": "*u8", "Scales": "*u8"}
+        fn, ptrs = ph._q_packed_kernel, {"Scales": "*u8"}
         consts = dict(NORM=128**-0.5, FOLD_E_MAX=122, STAGES=ph.Q_STAGES, **rule)
         options = dict(num_warps=ph.Q_WARPS, maxnreg=ph.Q_MAXNREG)
     names = list(inspect.signature(fn.fn).parameters)
@@ -44,6 +44,8 @@ _BUILD = textwrap.dedent(
     if kernel == "q":  # the host's descriptor: [1, 1, rows, 2, 32] int32 boxes, 128-byte swizzle
         layout = ph.gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=5)
         sig["desc"] = f"tensordesc<i32[1, 1, {16 * ph.Q_WARPS}, 2, 32],{layout}>"
+        out_layout = ph.gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=32, rank=4)
+        sig["codes_desc"] = f"tensordesc<i32[1, 1, {16 * ph.Q_WARPS}, 16],{out_layout}>"
     src = GluonASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()},
                          attrs={(names.index(n),): [["tt.divisibility", 16]] for n in ptrs})
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
@@ -57,6 +59,7 @@ _BUILD = textwrap.dedent(
     regs = int(re.search(r"REG:([0-9]+)", usage).group(1))
     print(json.dumps({"shared": k.metadata.shared, "cp_async": ptx.count("cp.async.cg.shared.global"),
                       "tma": ptx.count("cp.async.bulk.tensor.5d"), "regs": regs,
+                      "tma_store": ptx.count("cp.async.bulk.tensor.4d.global.shared"),
                       "shfl": ptx.count(", 1, 0x1f, 0xffffffff;"), "prmt_merge": ptx.count(", 0x7610;")}))
     """
 )
@@ -86,9 +89,9 @@ def test_k_pass_builds_with_short_key_tiles():
 
 def test_q_pass_builds_for_sm90():
     info = _build("q", "*bf16")
-    # Row tiles come by TMA (one 5-d box per tile); the programs that fill an SM fit its registers
-    # and its 228 KiB of shared memory.
-    assert info["tma"] > 0 and info["regs"] <= prepass_hopper.Q_MAXNREG
+    # Row tiles come by TMA (one 5-d box per tile) and their codes leave by TMA (a 4-d box); the
+    # programs that fill an SM fit its registers and its 228 KiB of shared memory.
+    assert info["tma"] > 0 and info["tma_store"] > 0 and info["regs"] <= prepass_hopper.Q_MAXNREG
     resident = 65536 // (info["regs"] * 32 * prepass_hopper.Q_WARPS)
     assert resident * (info["shared"] + 1024) <= 228 * 1024
     # The last butterfly level: one shuffle (`_partner_lane`'s) per value a thread holds.
@@ -215,8 +218,9 @@ def test_prepass_qk_hands_the_k_kernel_its_arguments(recorders):
 
 
 def test_prepass_qk_hands_the_q_kernel_its_arguments(recorders):
-    """The same for the packed Q^ pass: a TMA descriptor over x's bf16 pairs (strides in int32
-    words), the outputs, the tile count, the fold bound, the grid and the compile options."""
+    """The same for the packed Q^ pass: TMA descriptors over x's bf16 pairs (strides in int32
+    words) and over the codes' words, the scales, the tile count, the fold bound, the grid and the
+    compile options."""
     from mxattention.kernels import prepass
 
     x = torch.zeros(2, 200, 3, 128, dtype=torch.bfloat16).transpose(1, 2)  # [B, H, L, D] as BLHD
@@ -224,14 +228,16 @@ def test_prepass_qk_hands_the_q_kernel_its_arguments(recorders):
     assert codes.shape == (2, 3, 256, 64) and scales.shape == (2, 3, 256, 4)
     calls = recorders["q"].calls
     assert [c[0] for c in calls] == ["warmup", "launch"] and not recorders["k"].calls
-    grid, desc, *args = calls[1][1]
+    grid, desc, codes_desc, *args = calls[1][1]
     rows = 16 * prepass_hopper.Q_WARPS
     per_head = min(256 // rows, -(-prepass_hopper.Q_PROGRAMS_PER_SM * 132 // 6))
     assert grid == (per_head, 6)
     assert desc.base.data_ptr() == x.data_ptr() and desc.base.dtype == torch.int32
     assert list(desc.shape) == [2, 3, 200, 2, 32] and list(desc.strides) == [200 * 3 * 64, 64, 3 * 64, 32, 1]
     assert list(desc.block_shape) == [1, 1, rows, 2, 32]
-    assert args == [codes, scales, 3, 256, 256 // rows]
+    assert codes_desc.base.data_ptr() == codes.data_ptr() and codes_desc.base.dtype == torch.int32
+    assert list(codes_desc.shape) == [2, 3, 256, 16] and list(codes_desc.block_shape) == [1, 1, rows, 16]
+    assert args == [scales, 3, 256, 256 // rows]
     kwargs = calls[1][2]
     assert kwargs["NORM"] == pytest.approx(128**-0.5) and kwargs["STAGES"] == prepass_hopper.Q_STAGES
     assert kwargs["FOLD_E_MAX"] == prepass.fold_e_max(128**-0.5)

@@ -15,9 +15,10 @@ layouts could not get right for these passes (benchmarks/NOTES.md, v6a, v7, v9):
   thread; the last one (columns j, j + 64) takes the partner lane's value by one shuffle and one
   fma; the codes of 8 values go into their word in one asm block (`_pack_words`). Persistent
   one-warp programs take row tiles through a ring of two TMA buffers (the next tile's copy runs
-  while this one is cast, and needs no registers): global loads straight into the row layout had
-  each warp's 16-byte loads touch 32 lines, and their latency was the pass's largest stall.
-  72 % of the copy bandwidth on the H200 (64 % with those loads, 56 % for the `tl` kernel).
+  while this one is cast, and needs no registers), and the codes leave through shared memory by
+  TMA: global loads straight into the row layout had each warp's 16-byte loads touch 32 lines,
+  and their latency was the pass's largest stall. 72-74 % of the copy bandwidth on the H200 (64 %
+  with those loads, 55 % for the `tl` kernel).
 
 Both are used by `prepass.prepass_qk` on sm_90 only (where they were measured), for head dim 128;
 Gluon is experimental, so a Triton that cannot build one falls back to the `tl` kernel with one
@@ -38,12 +39,13 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     # Renamed after Triton 3.6 (the old names are gone or raise); same arguments.
     _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
     HAS_GLUON = True
 except (ImportError, AttributeError):  # no Triton, or one without Gluon's cp.async and TMA
@@ -239,7 +241,7 @@ if HAS_GLUON:
     @gluon.jit
     def _q_packed_kernel(
         desc,
-        Codes,
+        codes_desc,
         Scales,
         H,
         L_PAD,
@@ -266,6 +268,7 @@ if HAS_GLUON:
         scale_l: gl.constexpr = gl.BlockedLayout([1, 1, 2], [16, 2, 1], [W, 1, 1], [2, 1, 0])
         buf = gl.allocate_shared_memory(gl.int32, [STAGES] + desc.block_type.shape, desc.layout)
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        out = gl.allocate_shared_memory(gl.int32, codes_desc.block_type.shape, codes_desc.layout)
         for s in gl.static_range(STAGES):
             mbarrier.init(bars.index(s), count=1)
         p0 = gl.program_id(0)
@@ -277,7 +280,6 @@ if HAS_GLUON:
             _fetch_q_tile(desc, buf.index(s), bars.index(s), b, h, p0 + s * n_p, n_tiles)
         half_v = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, vals_l)))
         sign = gl.where(half_v == 0, 1.0, -1.0)[None, :, None]
-        code_offs = _tile_offsets(BL, 8, out_l)
         scale_offs = _tile_offsets(BL, 2, scale_l)
         i = 0
         for tile in range(p0, n_tiles, n_p):
@@ -304,13 +306,18 @@ if HAS_GLUON:
                 _words_layout,
                 _pack_words,
             )
-            row0 = bh.to(gl.int64) * L_PAD + tile * BL
-            words = gl.convert_layout(gl.reshape(words, [BL, 2, 8]), out_l)
-            gl.store(Codes.to(gl.pointer_type(gl.int32)) + row0 * 16 + code_offs, words)
+            # The codes leave by TMA too: 64-byte rows in whole sectors, where each thread's two
+            # 16-byte stores wrote every sector in halves.
+            tma.store_wait(pendings=0)  # the previous tile's codes have left `out`
+            out.reshape([BL, 2, 8]).store(gl.convert_layout(gl.reshape(words, [BL, 2, 8]), out_l))
+            fence_async_shared()
+            _cta_barrier()
+            _tma_store(codes_desc, [b, h, tile * BL, 0], out)
             scales = gl.convert_layout(gl.reshape(scales, [BL, 2, 2]), scale_l).to(gl.uint8)
-            gl.store(Scales + row0 * 4 + scale_offs, scales)
+            gl.store(Scales + (bh.to(gl.int64) * L_PAD + tile * BL) * 4 + scale_offs, scales)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(s))
+        tma.store_wait(pendings=0)
 
 
 _broken: dict[str, str] = {}  # kernel name -> the reason, once its build failed in this process
@@ -410,7 +417,12 @@ def prepass_q_packed(
     desc = TensorDescriptor(words, list(words.shape), list(words.stride()), [1, 1, rows, 2, 32], layout)
     n_tiles = lp // rows
     per_head = max(1, min(n_tiles, -(-Q_PROGRAMS_PER_SM * _sm_count(x.device) // (b * h))))
-    args = (desc, codes, scales, h, lp, n_tiles)
+    code_words = codes.view(torch.int32)  # [B, H, lp, 16]
+    out_layout = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=32, rank=4)
+    codes_desc = TensorDescriptor(
+        code_words, list(code_words.shape), list(code_words.stride()), [1, 1, rows, 16], out_layout
+    )
+    args = (desc, codes_desc, scales, h, lp, n_tiles)
     consts = dict(NORM=rot_norm, FOLD_E_MAX=fold_e_max, STAGES=Q_STAGES, **rule_args)
     options = dict(num_warps=Q_WARPS, maxnreg=Q_MAXNREG)
     return _launch("q_packed", _q_packed_kernel, (per_head, b * h), args, consts, options, x.dtype)

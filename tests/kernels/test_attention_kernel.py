@@ -154,6 +154,35 @@ def test_kv_head_chunks_change_nothing(is_causal, device):
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("layout", ["packed", "bf16"])
+def test_grid_limit_pieces_change_nothing(layout, device, monkeypatch):
+    """Past CUDA's 65535 on the grid's batch x heads axis the call runs in pieces of batches and
+    heads (here a limit of 4 against 3 batches x 6 query heads): the same O, lse and Q(P~)."""
+    from mxattention.kernels import attention_fwd as fwd
+    from mxattention.kernels import fused
+
+    q, k, v = qkv(3, 6, 3, 40, 100, 64, seed=4)
+    mask = (torch.rand(3, 1, 1, 100, generator=torch.Generator().manual_seed(4)) > 0.2).expand(3, 6, 40, 100)
+    q, k, v, mask = q.to(device), k.to(device), v.to(device), mask.to(device)
+    cfg = get_method("mxattention")
+    args = dict(mask=mask, scale=0.125, matrix_path="bf16", kv_layout=layout, debug_p=True)
+    whole = fused.fused_attention(q, k, v, cfg, **args)
+    launches = []
+    real = fwd.mx_attention_fwd
+
+    def counted(qp, *a, **kw):
+        launches.append(kw["out"].shape[:2])
+        return real(qp, *a, **kw)
+
+    monkeypatch.setattr(fwd, "mx_attention_fwd", counted)
+    monkeypatch.setattr(fused, "GRID_Y_MAX", 4)
+    parts = fused.fused_attention(q, k, v, cfg, **args)
+    # GQA groups of 2 query heads stay whole: 2 KV heads (4 query heads) a piece, one batch each.
+    assert launches == [(1, 4), (1, 2)] * 3
+    for a, b in zip(whole, parts, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_kv_heads_per_chunk():
     from mxattention.kernels.fused import KV_CHUNK_MIN_BYTES, kv_heads_per_chunk
 

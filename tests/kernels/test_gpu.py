@@ -25,6 +25,20 @@ def test_large_matches_reference(path, layout):
     assert c.p_differ <= 1e-3 * c.p_decisions
 
 
+def test_batch_heads_past_the_grid_limit():
+    """B x H = 65540 > 65535 (CUDA's second grid axis): the public function runs in pieces on the
+    kernels, with no fallback, and each batch's O equals the same batch computed alone."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(16385, 4, 40, 64, device="cuda", generator=g).bfloat16() for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", op.ReferenceFallbackWarning)
+        out = mx.scaled_dot_product_attention(q, k, v)
+        for i in (0, 7777, 16384):
+            alone = mx.scaled_dot_product_attention(q[i : i + 1], k[i : i + 1], v[i : i + 1])
+            assert torch.equal(out[i : i + 1], alone)
+    assert torch.isfinite(out).all()
+
+
 def test_compile_and_cuda_graph():
     q, k, v = (t.cuda().half() for t in qkv(1, 8, 8, 1024, 1024, 128, seed=12))
     with warnings.catch_warnings():

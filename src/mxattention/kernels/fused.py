@@ -22,6 +22,9 @@ CPU_KERNELS_ENV = "MXATTENTION_CPU_KERNELS"
 # of the whole call): extra memory stays within the packed operands plus a constant, and a chunk
 # still fills the GPU for many waves (benchmarks/NOTES.md, v6).
 KV_CHUNK_MIN_BYTES = 256 * 2**20
+# Every kernel launches (tiles, batch x heads): CUDA's second grid axis holds at most 65535, so a call
+# with more batch x heads runs in pieces of batches (and, past 65535 heads, of heads).
+GRID_Y_MAX = 65535
 
 
 def cpu_kernels_requested() -> bool:
@@ -77,7 +80,8 @@ def fused_attention(
     inner loop only multiplies); default "bf16" on the Hopper path, "packed" for dot_scaled.
     `kv_chunk_bytes` (bf16 layout): the pre-pass and the kernel run over groups of KV heads whose
     K^ + V^ take at most this many bytes (at least one head per group); "auto" (default) means
-    max(KV_CHUNK_MIN_BYTES, the packed K/V bytes of the call), None one group.
+    max(KV_CHUNK_MIN_BYTES, the packed K/V bytes of the call), None one group. Calls with more than
+    GRID_Y_MAX batch x query heads also run in groups of batches.
     """
     from mxattention.kernels.attention_fwd import default_matrix_path, mx_attention_fwd
     from mxattention.kernels.prepass import padded_dim, padded_len, prepass_qk, prepass_v
@@ -103,16 +107,18 @@ def fused_attention(
     step = hk
     if wide:
         step = kv_heads_per_chunk(b, hk, lkp, padded_dim(d), padded_dim(dv), kv_chunk_bytes)
-    for h0 in range(0, hk, step):
-        kv, qh = slice(h0, h0 + step), slice(h0 * group, (h0 + step) * group)
-        qp = prepass_qk(query[:, qh], cfg.q.rule, hadamard=cfg.hadamard, len_multiple=max(bm, 128))
+    step = max(1, min(step, GRID_Y_MAX // group))  # query heads of one KV head and one batch fit
+    bstep = max(1, GRID_Y_MAX // (step * group))
+    for b0, h0 in ((b0, h0) for b0 in range(0, b, bstep) for h0 in range(0, hk, step)):
+        bs, kv, qh = slice(b0, b0 + bstep), slice(h0, h0 + step), slice(h0 * group, (h0 + step) * group)
+        qp = prepass_qk(query[bs, qh], cfg.q.rule, hadamard=cfg.hadamard, len_multiple=max(bm, 128))
         kp = prepass_qk(
-            key[:, kv], cfg.k.rule, hadamard=cfg.hadamard, len_multiple=max(bn, 128), out_bf16=wide
+            key[bs, kv], cfg.k.rule, hadamard=cfg.hadamard, len_multiple=max(bn, 128), out_bf16=wide
         )
-        vp = prepass_v(value[:, kv], cfg.v.rule, len_multiple=max(bn, 128), out_bf16=wide)
+        vp = prepass_v(value[bs, kv], cfg.v.rule, len_multiple=max(bn, 128), out_bf16=wide)
         if dbg is not None:
-            dbg_chunk = torch.zeros_like(dbg[:, qh])
-        lse[:, qh] = mx_attention_fwd(
+            dbg_chunk = torch.zeros_like(dbg[bs, qh])
+        lse[bs, qh] = mx_attention_fwd(
             qp,
             kp,
             vp,
@@ -120,13 +126,13 @@ def fused_attention(
             lk=lk,
             dv=dv,
             group=group,
-            out=out[:, qh],
+            out=out[bs, qh],
             p_rule=(pr.ceil, pr.q_exp, pr.q_mant),
             pnq=cfg.pnq,
             block_n=bn,
             scale=scale,
             is_causal=is_causal,
-            mask=None if mask is None else mask[:, qh],
+            mask=None if mask is None else mask[bs, qh],
             matrix_path=path,
             block_m=bm,
             num_warps=num_warps or (8 if bm >= 128 else 4),
@@ -134,7 +140,7 @@ def fused_attention(
             debug_p=None if dbg is None else dbg_chunk,
         )
         if dbg is not None:
-            dbg[:, qh] = dbg_chunk  # the kernel indexes its buffer as a contiguous [B, heads, Lq, Lk']
+            dbg[bs, qh] = dbg_chunk  # the kernel indexes its buffer as a contiguous [B, heads, Lq, Lk']
         # Freed before the next chunk's pre-pass allocates (the stream orders the reuse), so the
         # peak holds one chunk's operands, not two.
         del qp, kp, vp

@@ -157,3 +157,30 @@ def test_bf16_outputs_nonfinite_blocks(device):
     wv = fake_quantize(x, -2, rule="ocp")
     assert torch.equal(yv.isnan(), wv.isnan()) and yv.isnan().sum() == 3 * 32
     assert torch.equal(yv[~yv.isnan()], wv[~wv.isnan()])
+
+
+def test_v_bf16_warps_follow_the_grid(monkeypatch):
+    """The bf16 V^ pass takes 2 warps per program when its grid has fewer than V_SMALL_GRID_PER_SM
+    programs per SM (short keys), 1 otherwise; on a CUDA device only (faked here)."""
+    from types import SimpleNamespace
+
+    from mxattention.kernels import prepass
+
+    launches = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append((grid, kwargs["num_warps"]))
+
+    monkeypatch.setattr(prepass, "_v_prepass_kernel", Recorder())
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda d: SimpleNamespace(multi_processor_count=132)
+    )
+    for n in (512, 4096):
+        prepass_v(torch.empty(1, 40, n, 128, dtype=torch.bfloat16), "uos", out_bf16=True)
+    # 40 x 16 = 640 programs < 8 x 132; 40 x 128 = 5120 are plenty.
+    assert launches == [((16, 40), 2), ((128, 40), 1)]
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: False))
+    prepass_v(torch.empty(1, 40, 512, 128, dtype=torch.bfloat16), "uos", out_bf16=True)
+    assert launches[-1] == ((16, 40), 1)

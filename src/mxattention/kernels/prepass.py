@@ -240,9 +240,6 @@ def _v_prepass_kernel(
 # (rows per program, warps) of each pass and layout; H200 sweep (benchmarks/results/raw/
 # prepass_sweep_v6_h200.json). Row layout: one row per thread, 32 rows per warp. Module state so
 # the benchmark can sweep them.
-# The bf16 V^ pass with fewer programs than this per SM takes 2 warps per program (40 heads x 512
-# keys: 5.5 -> 4.4 us on the H200, benchmarks/results/raw/prepass_small_kv_v10_h200.json).
-V_SMALL_GRID_PER_SM = 8
 PREPASS_TILES = {
     "qk_rows": (128, 4),
     "qk_tile": (32, 4),
@@ -251,6 +248,9 @@ PREPASS_TILES = {
     "v_packed": (64, 2),
     "v_256": (32, 4),
 }
+# The bf16 V^ pass with fewer programs than this per SM takes 2 warps per program (40 heads x 512
+# keys: 5.5 -> 4.4 us on the H200, benchmarks/results/raw/prepass_small_kv_v10_h200.json).
+V_SMALL_GRID_PER_SM = 8
 
 
 def _qk_row_layout(dp: int, out_bf16: bool) -> bool:

@@ -174,8 +174,9 @@ def _cast_words(ps, bad, Q_EXP: tl.constexpr, WORDS_LAYOUT: tl.constexpr = None,
     # 2**(E + 1) - 2**(E - 21): then a + 2**22 step lies in [2**(E + 22), 2**(E + 23)), whose ulp is
     # the ladder step 2**(E - 1), and 2**22 step is a multiple of it. fl(a (1 - 2**-22)) is such a
     # step (the two lowest a also land on multiples of 2**(E - 23) just below 2**E, which works the
-    # same; every fp32 a checked), one multiply on the fp32 pipe where the exponent mask took the
-    # integer pipe, which bounds this cast on Hopper. Below 1 (2**-104) the step is 1.
+    # same; every fp32 a in [0, 6 * 2**-104] checked): one multiply on the fp32 pipe, where the
+    # exponent mask took the integer pipe, which bounds this cast on Hopper. Below 1 (2**-104) the
+    # step is 1.
     step = tl.maximum(a * _ONE_M22, _TWO_M104)
     # (a + 2**22 step) 2**-22 - step. Triton emits -x as 0 - x, which the compiler may not turn into
     # the fma's free operand negation (the two differ for x = 0); x * -1.0 becomes one (-1 instruction).

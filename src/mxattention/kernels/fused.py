@@ -8,6 +8,7 @@ Inputs are [B, H, L, D] (the argument checks of `attention.inputs` are the calle
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import torch
@@ -109,7 +110,7 @@ def fused_attention(
         step = kv_heads_per_chunk(b, hk, lkp, padded_dim(d), padded_dim(dv), kv_chunk_bytes)
     step = max(1, min(step, GRID_Y_MAX // group))  # query heads of one KV head and one batch fit
     bstep = max(1, GRID_Y_MAX // (step * group))
-    for b0, h0 in ((b0, h0) for b0 in range(0, b, bstep) for h0 in range(0, hk, step)):
+    for b0, h0 in itertools.product(range(0, b, bstep), range(0, hk, step)):
         bs, kv, qh = slice(b0, b0 + bstep), slice(h0, h0 + step), slice(h0 * group, (h0 + step) * group)
         qp = prepass_qk(query[bs, qh], cfg.q.rule, hadamard=cfg.hadamard, len_multiple=max(bm, 128))
         kp = prepass_qk(

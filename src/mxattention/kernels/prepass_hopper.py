@@ -325,12 +325,16 @@ _built: set[tuple] = set()  # (kernel name, dtype, constants) built in this proc
 
 
 def _sm90_d128(x: torch.Tensor, hadamard: bool) -> bool:
+    """A rotated, CUDA sm_90 x with D = 128 contiguous columns and 16-byte aligned rows (cp.async,
+    TMA)."""
     return (
         HAS_GLUON
         and hadamard
         and x.is_cuda
         and x.shape[-1] == HEAD_DIM
         and x.stride(-1) == 1
+        and x.data_ptr() % 16 == 0
+        and all(s % 8 == 0 for s in x.stride()[:-1])
         and torch.cuda.get_device_capability(x.device) == (9, 0)
     )
 
@@ -341,8 +345,7 @@ def usable(x: torch.Tensor, lp: int, hadamard: bool) -> bool:
     the rotation on."""
     if "k_bf16" in _broken or x.dtype not in (torch.bfloat16, torch.float16) or lp % TILE_ROWS:
         return False
-    aligned = x.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in x.stride()[:-1])
-    return aligned and _sm90_d128(x, hadamard)
+    return _sm90_d128(x, hadamard)
 
 
 def usable_q(x: torch.Tensor, lp: int, hadamard: bool) -> bool:
@@ -351,8 +354,7 @@ def usable_q(x: torch.Tensor, lp: int, hadamard: bool) -> bool:
     tile, and the rotation on."""
     if "q_packed" in _broken or x.dtype != torch.bfloat16 or lp % (16 * Q_WARPS):
         return False
-    aligned = x.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in x.stride()[:-1])
-    return aligned and _sm90_d128(x, hadamard)
+    return _sm90_d128(x, hadamard)
 
 
 def _sm_count(device: torch.device) -> int:

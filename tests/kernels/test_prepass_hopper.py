@@ -147,7 +147,7 @@ def test_build_failure_falls_back_once(monkeypatch):
             raise AssertionError("launched after a failed build")
 
     monkeypatch.setattr(prepass_hopper, "_k_bf16_pipelined_kernel", Unbuildable())
-    monkeypatch.setattr(prepass_hopper, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(prepass_hopper, "sm_count", lambda device: 132)
     monkeypatch.setattr(prepass_hopper, "_broken", {})
     monkeypatch.setattr(prepass_hopper, "_built", set())
     x = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
@@ -184,7 +184,7 @@ def recorders(monkeypatch):
     rec = {"k": _Recorder(), "q": _Recorder()}
     monkeypatch.setattr(prepass_hopper, "_k_bf16_pipelined_kernel", rec["k"])
     monkeypatch.setattr(prepass_hopper, "_q_packed_kernel", rec["q"])
-    monkeypatch.setattr(prepass_hopper, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(prepass_hopper, "sm_count", lambda device: 132)
     monkeypatch.setattr(prepass_hopper, "_built", set())
     monkeypatch.setattr(prepass_hopper, "usable", lambda x, lp, hadamard: True)
     monkeypatch.setattr(prepass_hopper, "usable_q", lambda x, lp, hadamard: True)

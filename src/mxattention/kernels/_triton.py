@@ -1,6 +1,7 @@
 """Optional Triton import: the package imports without Triton; kernels need it.
 
-Exposes `HAS_TRITON`, `triton`, `tl` (None when Triton is missing) and `kernels_interpreted()`.
+Exposes `HAS_TRITON`, `triton`, `tl` (None when Triton is missing), `kernels_interpreted()` and
+`sm_count(device)` (the SMs that launch grids are sized against).
 Triton decides at decoration time (the module import) whether a kernel is compiled or runs on its
 CPU interpreter (TRITON_INTERPRET=1), so the kernels, not the environment, are asked which it is.
 """
@@ -27,3 +28,10 @@ def kernels_interpreted() -> bool:
     from mxattention.kernels.attention_fwd import _mx_attention_fwd_kernel
 
     return isinstance(_mx_attention_fwd_kernel, InterpretedFunction)
+
+
+def sm_count(device) -> int:
+    """Streaming multiprocessors of a CUDA device."""
+    import torch
+
+    return torch.cuda.get_device_properties(device).multi_processor_count

@@ -6,6 +6,7 @@ the same exact integer / power-of-two arithmetic so the bytes agree bit for bit:
 - `shared_exponent`: `formats.scale_rules.shared_exponent` from the fp32 block max's bits
   (floor rule: E - Q_EXP; ceil rule with boundary q = (1 + Q_MANT / 2**23) * 2**Q_EXP:
   E - Q_EXP + [mantissa(M) > mantissa(q)]), clamped to [-127, 127], 0 for a zero block.
+- `bf16_pair_floats`: the two bf16 elements of int32 words as fp32 (the pre-pass's row loads).
 - `exp2_int`: 2**e as fp32 for integer e in [-127, 127] (2**-127 is subnormal).
 - `block_scale`: 2**e of the same rule, for the attention kernel's P~ blocks (maxima in
   [0, 2**127)); for boundaries >= 2 straight from the bits in four integer ops, where the
@@ -30,6 +31,14 @@ from mxattention.kernels._triton import tl, triton
 # 2**-104: the packed cast rounds p * 2**-104, which leaves r * 2**-126 (the code's bits; `_cast_words`).
 _TWO_M104: tl.constexpr = tl.constexpr(2.0**-104)
 _ONE_M22: tl.constexpr = tl.constexpr(1.0 - 2.0**-22)
+
+
+@triton.jit
+def bf16_pair_floats(w):
+    """(element 2j, element 2j + 1) as fp32 of int32 words w that each hold two bf16 (little-endian):
+    one shift or mask per element, where the compiler's bf16 conversion spends a byte permute and
+    two shifts per pair."""
+    return (w << 16).to(tl.float32, bitcast=True), (w & -65536).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -33,8 +33,8 @@ import torch
 from mxattention.formats.constants import MX_BLOCK_SIZE
 from mxattention.formats.scale_rules import ScaleRule
 from mxattention.kernels import prepass_hopper
-from mxattention.kernels._triton import tl, triton
-from mxattention.kernels.cast import cast_blocks, cast_packed, pack_nibbles
+from mxattention.kernels._triton import sm_count, tl, triton
+from mxattention.kernels.cast import bf16_pair_floats, cast_blocks, cast_packed, pack_nibbles
 from mxattention.kernels.hadamard import hadamard_rows
 from mxattention.kernels.rules import rule_constants
 from mxattention.rotation import rotation_block
@@ -91,8 +91,7 @@ def _load_rows(
     DP = 128 (benchmarks/NOTES.md, v6).
 
     BF16_PAIRS (bf16 X with contiguous, even-length rows and even strides, 4-byte aligned): the row
-    is read as int32 words of two elements and widened with one shift or mask each, where the
-    compiler's bf16 conversion spends a byte permute and two shifts per pair.
+    is read as int32 words of two elements (`cast.bf16_pair_floats`).
     """
     b = bh // H
     h = bh % H
@@ -106,8 +105,7 @@ def _load_rows(
         )
         ptrs = ptrs + rows[:, None, None].to(tl.int64) * (stride_l // 2) + words3
         w = tl.load(ptrs, mask=(rows[:, None, None] < L) & (words3 < D // 2), other=0)
-        lo = (w << 16).to(tl.float32, bitcast=True)  # element 2j: the low half (little-endian)
-        hi = (w & -65536).to(tl.float32, bitcast=True)
+        lo, hi = bf16_pair_floats(w)
         return tl.reshape(tl.join(lo, hi), [BL, DP]), rows, tl.arange(0, DP)
     cols3 = tl.arange(0, DP // 8)[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
     ptrs = X + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
@@ -361,8 +359,7 @@ def prepass_v(
     key = "v_256" if dp > 128 else ("v_bf16" if out_bf16 else "v_packed")
     bl, warps = _tile(key, lp)
     if key == "v_bf16" and v.is_cuda:
-        sms = torch.cuda.get_device_properties(v.device).multi_processor_count
-        if (lp // bl) * b * h < V_SMALL_GRID_PER_SM * sms:
+        if (lp // bl) * b * h < V_SMALL_GRID_PER_SM * sm_count(v.device):
             warps = max(warps, 2)  # few programs (short keys): more warps each hide more of the latency
     _v_prepass_kernel[(lp // bl, b * h)](
         v,

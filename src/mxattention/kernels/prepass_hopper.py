@@ -31,8 +31,8 @@ import warnings
 
 import torch
 
-from mxattention.kernels._triton import triton
-from mxattention.kernels.cast import cast_blocks, cast_packed
+from mxattention.kernels._triton import sm_count, triton
+from mxattention.kernels.cast import bf16_pair_floats, cast_blocks, cast_packed
 from mxattention.kernels.hadamard import hadamard_rows
 
 try:
@@ -289,8 +289,7 @@ if HAS_GLUON:
             _cta_barrier()  # every warp has read stage st before the next copy lands in it
             _fetch_q_tile(desc, buf.index(st), bars.index(st), b, h, tile + STAGES * n_p, n_tiles)
             i += 1
-            lo = (w << 16).to(gl.float32, bitcast=True)  # element 2j: the low half (little-endian)
-            hi = (w & -65536).to(gl.float32, bitcast=True)
+            lo, hi = bf16_pair_floats(w)
             x = hadamard_rows(gl.reshape(gl.join(lo, hi), [2 * BL, 64]), 2 * BL, 64, 6, 1.0)
             # The last level pairs (j, j + 64): the first half's lane keeps a + b, the second's a - b.
             x = gl.fma(gl.reshape(x, [BL, 2, 64]), sign, _partner_lane(gl.reshape(x, [BL, 2, 64])))
@@ -357,10 +356,6 @@ def usable_q(x: torch.Tensor, lp: int, hadamard: bool) -> bool:
     return _sm90_d128(x, hadamard)
 
 
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _launch(name: str, kernel, grid: tuple, args: tuple, consts: dict, options: dict, dtype) -> bool:
     """Launch a Gluon kernel (compile `options`: num_warps, maxnreg), built first without launching
     so that only a build failure (Gluon's API and passes move between Triton releases) falls back:
@@ -389,7 +384,7 @@ def prepass_k_bf16(
     """Rotated K^ of x [B, H, L, 128] as bf16 into out [B, H, lp, 128]; False (nothing written) if
     this Triton cannot build the kernel, after one warning that says why."""
     b, h, n, d = x.shape
-    sms = _sm_count(x.device)
+    sms = sm_count(x.device)
     rows, warps, per_sm = TILE_ROWS, WARPS, PROGRAMS_PER_SM
     if b * h * (lp // rows) < per_sm * sms:
         rows, warps, per_sm = SMALL_TILE_ROWS, SMALL_WARPS, SMALL_PROGRAMS_PER_SM
@@ -418,7 +413,7 @@ def prepass_q_packed(
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=5)
     desc = TensorDescriptor(words, list(words.shape), list(words.stride()), [1, 1, rows, 2, 32], layout)
     n_tiles = lp // rows
-    per_head = max(1, min(n_tiles, -(-Q_PROGRAMS_PER_SM * _sm_count(x.device) // (b * h))))
+    per_head = max(1, min(n_tiles, -(-Q_PROGRAMS_PER_SM * sm_count(x.device) // (b * h))))
     code_words = codes.view(torch.int32)  # [B, H, lp, 16]
     out_layout = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=32, rank=4)
     codes_desc = TensorDescriptor(

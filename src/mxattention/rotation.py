@@ -1,4 +1,4 @@
-"""Hadamard rotation of the head dimension (applied to Q and K before quantization; SPEC section 3).
+"""Hadamard rotation of the head dimension (applied to Q and K before quantization; docs/design.md, 'Hadamard rotation').
 
 Exposes `hadamard_matrix(n)`, `fwht(x)`, `hadamard_block_size(d)`, `rotation_block(d)`, `rotation_matrix(d)`
 and `rotate(x)`.

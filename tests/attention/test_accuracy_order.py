@@ -26,7 +26,7 @@ def test_ablation_order_on_average():
     errs = torch.zeros(len(ABLATION))
     seeds = range(4)
     for seed in seeds:
-        # x4 channel outliers, 512 keys: high-entropy rows, where row-sum errors matter (SPEC 4).
+        # x4 channel outliers, 512 keys: high-entropy rows, where row-sum errors matter (docs/design.md, 'Paper anchors').
         q, k, v = outlier_qkv(h=2, lq=256, lk=512, seed=100 + seed, factor=4.0)
         v = v + 1.0  # V with a mean: outputs far from zero, as in real layers, so l errors show
         errs += torch.tensor([_err(m, q, k, v) for m in ABLATION])

@@ -1,7 +1,7 @@
 """A method is data: `AttentionConfig` describes one attention variant, presets name them.
 
 Exposes `QuantSpec`, `AttentionConfig`, `PRESETS`, `get_method(name)`, `list_methods()`.
-The PyTorch reference and the fused kernels read the same object (SPEC section 3):
+The PyTorch reference and the fused kernels read the same object (docs/design.md, 'Attention algorithm' and 'Methods'):
 
 - Q and K are quantized in blocks along the head dim, V along the keys, and the exponential
   tile P~ along the keys (32 per MX block, 16 per NVFP4 block).

@@ -1,7 +1,7 @@
 """The tiled online-softmax attention of the paper (Algorithm 1), in PyTorch: the specification.
 
 Exposes `reference_attention`. For each key tile j of `block_n` keys (FlashAttention-2 form,
-fp32 state, names as in SPEC section 3):
+fp32 state, names as in docs/design.md, 'Attention algorithm'):
 
     S      = Q^ K^_j^T * scale  (+ mask)           m_new = max(m, rowmax S)
     alpha  = exp(m - m_new)                         P~    = exp(S - m_new)

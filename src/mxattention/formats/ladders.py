@@ -18,7 +18,7 @@ class ElementLadder:
     """A saturating minifloat element format.
 
     `uos_boundary` is the Universal-Optimal-Scaling boundary q* of this ladder: the root of
-    E(q) = 8 E(q/2) (SPEC section 1), computed exactly by `mxattention.theory` and stored here
+    E(q) = 8 E(q/2) (docs/design.md, 'Universal Optimal Scaling'), computed exactly by `mxattention.theory` and stored here
     so that the casts need not import the theory (the theory tests check the two agree).
     """
 

@@ -9,7 +9,7 @@ Exposes `mx_quantize` (packed codes + E8M0 scales in an `MXTensor`) and `fake_qu
   `ScaleRule`), clamped to E8M0's [-127, 127]; an all-zero block gets scale 1,
 - round x / 2**e to the element ladder (nearest, ties to even, saturating),
 - mark a block holding NaN or +-Inf with scale byte 0xFF: it decodes to NaN (its element
-  codes are stored as 0). Inf is treated like NaN, as SPEC section 1 allows.
+  codes are stored as 0). Inf is treated like NaN, as docs/design.md, 'MX formats', decides.
 
 All arithmetic is float32 (fp16 / bf16 inputs are upcast exactly): x * 2**-e is exact for every
 value that can round to a non-zero element. A dequantized value can exceed the output dtype's

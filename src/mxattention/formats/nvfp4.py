@@ -1,4 +1,4 @@
-"""NVFP4 (SPEC section 2): E2M1 elements in blocks of 16, E4M3 block scales, FP32 tensor scale.
+"""NVFP4 (docs/design.md, 'NVFP4'): E2M1 elements in blocks of 16, E4M3 block scales, FP32 tensor scale.
 
 Exposes `nvfp4_quantize` (an `NVFP4Tensor` of packed codes and scales) and
 `nvfp4_fake_quantize` (the dequantized values in the input's dtype).

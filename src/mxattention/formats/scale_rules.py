@@ -1,4 +1,4 @@
-"""Shared-scale rules of MX block quantization (SPEC section 1).
+"""Shared-scale rules of MX block quantization (docs/design.md, 'Shared-scale rules').
 
 Exposes `ScaleMode`, `ScaleRule`, `resolve_rule(rule, ladder)` and `shared_exponent(amax, rule,
 ladder)`. A rule turns the block maximum M into the exponent e of the E8M0 scale 2**e:

@@ -1,4 +1,4 @@
-"""Fused Triton kernels of the attention variants (SPEC section 3), forward only.
+"""Fused Triton kernels of the attention variants (docs/design.md, 'Kernel plan'), forward only.
 
 Imports `mxattention.attention` and `mxattention.formats`; nothing there imports this package.
 Modules: `cast` (device functions of the MXFP4 cast), `hadamard` (the rotation of tile rows),

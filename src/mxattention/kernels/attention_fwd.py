@@ -3,7 +3,7 @@
 Exposes `mx_attention_fwd` (packed operands from the pre-pass in, (O, lse) out) and `MATRIX_PATHS`.
 
 One program owns `BM` query rows of one (batch, head) and walks the key tiles of `BN` = cfg.block_n
-keys, in the names of SPEC section 3 and `attention.reference`:
+keys, in the names of docs/design.md, 'Attention algorithm', and `attention.reference`:
 
     S       = Q^ K^_j^T * scale (+ mask)      m_new   = max(m, rowmax S)
     alpha   = exp(m - m_new)                  p_tilde = exp(S - m_new)

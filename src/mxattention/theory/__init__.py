@@ -1,4 +1,4 @@
-"""Why 7.25: the Universal-Optimal-Scaling theory of SPEC section 1, for any element ladder.
+"""Why 7.25: the Universal-Optimal-Scaling theory of docs/design.md, 'Universal Optimal Scaling', for any element ladder.
 
 Modules, one job each:
 

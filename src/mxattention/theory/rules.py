@@ -1,4 +1,4 @@
-"""The shared-scale rules compared in SPEC section 1 (OCP, TFS, UOS, any boundary q), in theory.
+"""The shared-scale rules compared in docs/design.md, 'Shared-scale rules' (OCP, TFS, UOS, any boundary q), in theory.
 
 Exposes `Interval`, `RuleRow`, `RULE_NAMES`, `normalized_max_range`, `overflow_threshold`,
 `overflow_interval`, `overflow_probability`, `ocp_overflow_probability` and `rule_table`.
@@ -57,7 +57,7 @@ def _short(x: float) -> str:
 
 @dataclass(frozen=True)
 class RuleRow:
-    """One row of the rule table of SPEC section 1, for one ladder."""
+    """One row of the rule table of docs/design.md, 'Shared-scale rules', for one ladder."""
 
     rule: str
     exponent: str  # the exponent formula, as text
@@ -139,7 +139,7 @@ _EXPONENT_TEXT = {
 
 
 def rule_table(elem: Ladder = "e2m1") -> list[RuleRow]:
-    """Rows for OCP, TFS and UOS on one ladder (SPEC section 1 / the paper's Table 1)."""
+    """Rows for OCP, TFS and UOS on one ladder (docs/design.md, 'Shared-scale rules' / the paper's Table 1)."""
     ladder = get_ladder(elem)
     rows = []
     for name in RULE_NAMES:

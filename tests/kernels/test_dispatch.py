@@ -10,7 +10,7 @@ from mxattention.attention.config import PRESETS
 from mxattention.attention.reference import reference_attention
 from mxattention.kernels import op
 from mxattention.kernels._triton import kernels_interpreted
-from mxattention.kernels.fused import fused_attention
+from mxattention.kernels.fused import fused_attention, unsupported_reason
 
 from .helpers import qkv
 
@@ -60,6 +60,20 @@ def test_nvfp4_reason(monkeypatch):
         mx.scaled_dot_product_attention(q, k, v, method="nvfp4-sage")
     msgs = [str(w.message) for w in _fallbacks(rec)]
     assert len(msgs) == 2 and "NVFP4" in msgs[0]
+
+
+@pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2"])
+def test_other_ladders_have_a_named_reason(monkeypatch, fmt):
+    """The kernels compute E2M1 operands: any other ladder, on any operand, goes to the reference."""
+    if not (torch.cuda.is_available() or kernels_interpreted()):
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    monkeypatch.setenv("MXATTENTION_CPU_KERNELS", "1")
+    q = qkv(1, 1, 1, 16, 32, 64)[0].to("cuda" if torch.cuda.is_available() else "cpu")
+    s4, s = mx.QuantSpec("mxfp4"), mx.QuantSpec(fmt)
+    assert unsupported_reason(mx.AttentionConfig("t", s4, s4, s4, s4, pnq=True), q, 64, 64) is None
+    for ops in ((s, s4, s4, s4), (s4, s, s4, s4), (s4, s4, s, s4), (s4, s4, s4, s)):
+        reason = unsupported_reason(mx.AttentionConfig("t", *ops, pnq=True), q, 64, 64)
+        assert reason is not None and fmt in reason
 
 
 @cpu_kernels

@@ -20,8 +20,8 @@ def quantize(x: torch.Tensor, spec: QuantSpec | None, axis: int) -> torch.Tensor
     """Fake-quantize float32 `x` along `axis` as `spec` says (identity for None)."""
     if spec is None:
         return x
-    if spec.format == "mxfp4":
-        return fake_quantize(x, axis, rule=spec.rule)
+    if spec.is_mx:
+        return fake_quantize(x, axis, rule=spec.rule, elem=spec.elem)
     return nvfp4_fake_quantize(x, axis, two_level=spec.two_level)
 
 

@@ -38,9 +38,15 @@ class ScaleRule:
     boundary: float | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise TypeError(f"ScaleRule.name must be a str, got {type(self.name).__name__}")
+        if not isinstance(self.mode, ScaleMode):
+            raise TypeError(f"ScaleRule.mode must be a ScaleMode, got {self.mode!r}")
+        if self.mode is ScaleMode.FLOOR and self.boundary is not None:
+            raise ValueError(f"ScaleRule.boundary must be None for the floor rule, got {self.boundary!r}")
         if self.mode is ScaleMode.CEIL:
             q = self.boundary
-            if q is None or not math.isfinite(q) or q <= 0:
+            if isinstance(q, bool) or not isinstance(q, (int, float)) or not math.isfinite(q) or q <= 0:
                 raise ValueError(f"rule boundary q must be a finite float > 0, got {q!r}")
 
 

@@ -43,8 +43,11 @@ def unsupported_reason(cfg: AttentionConfig, query: torch.Tensor, head_dim: int,
     specs = (cfg.q, cfg.k, cfg.v, cfg.p)
     if any(s is None for s in specs):
         return f"method {cfg.name!r} leaves an operand unquantized; the kernels quantize all of Q, K, V, P~"
-    if any(s.format != "mxfp4" for s in specs):
+    if any(s.format == "nvfp4" for s in specs):
         return f"method {cfg.name!r} uses NVFP4; NVFP4 baselines run on the PyTorch reference"
+    if any(s.format != "mxfp4" for s in specs):
+        fmts = "/".join(s.format for s in specs)
+        return f"method {cfg.name!r} has Q/K/V/P~ formats {fmts}; the kernels compute MXFP4 operands only"
     if cfg.smooth_k or cfg.smooth_q or cfg.p_row_scale != 1.0:
         return f"method {cfg.name!r} uses SageAttention smoothing, which the kernels do not implement"
     if cfg.block_n & (cfg.block_n - 1) or not 32 <= cfg.block_n <= 256:

@@ -12,14 +12,13 @@ reason is issued there, outside the traced code. `register_fake` gives the outpu
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import warnings
 
 import torch
 
-from mxattention.attention.config import AttentionConfig, QuantSpec, get_method
+from mxattention.attention.config import AttentionConfig, get_method
 from mxattention.attention.inputs import check_mask, check_qkv
 from mxattention.attention.sdpa import sdpa_reference
 from mxattention.kernels.fused import fused_attention, unsupported_reason
@@ -34,7 +33,7 @@ class ReferenceFallbackWarning(UserWarning):
 @torch.compiler.assume_constant_result
 def config_key(cfg: AttentionConfig) -> str:
     """A JSON string that `config_from_key` turns back into an equal `AttentionConfig`."""
-    return json.dumps(dataclasses.asdict(cfg), sort_keys=True)
+    return json.dumps(cfg.to_dict(), sort_keys=True)
 
 
 @functools.lru_cache(maxsize=64)
@@ -42,11 +41,7 @@ def config_from_key(key: str) -> AttentionConfig:
     """The config a `config_key` string or a preset name stands for."""
     if not key.startswith("{"):
         return get_method(key)
-    d = json.loads(key)
-    for name in ("q", "k", "v", "p"):
-        if d[name] is not None:
-            d[name] = QuantSpec(**d[name])
-    return AttentionConfig(**d)
+    return AttentionConfig.from_dict(json.loads(key))
 
 
 def kernel_plan(

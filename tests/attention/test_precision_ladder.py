@@ -1,4 +1,7 @@
-"""Element ladders per operand: PNQ's row sums hold for every ladder of P~ (docs/design.md, 'The precision ladder')."""
+"""Element ladders per operand: PNQ's row sums hold for every ladder of P~.
+
+docs/design.md, 'Precision ladder and smoothing'.
+"""
 
 from __future__ import annotations
 

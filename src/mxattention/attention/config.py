@@ -5,7 +5,8 @@ The PyTorch reference and the fused kernels read the same object (docs/design.md
 
 - Each operand has its own format (`QuantSpec`): an MX format with an element ladder
   ("mxfp4" = E2M1, "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2") and its shared-scale
-  rule ("uos" = that ladder's optimal boundary, docs/design.md 'The precision ladder'), or "nvfp4".
+  rule ("uos" = that ladder's optimal boundary, docs/design.md, 'Precision ladder and
+  smoothing'), or "nvfp4".
 - Q and K are quantized in blocks along the head dim, V along the keys, and the exponential
   tile P~ along the keys (32 per MX block, 16 per NVFP4 block).
 - `hadamard` rotates Q and K on the head dim first (S is unchanged in exact arithmetic).
@@ -14,7 +15,7 @@ The PyTorch reference and the fused kernels read the same object (docs/design.md
 - `smooth_k` / `smooth_q` and `p_row_scale` are SageAttention3's recipe (K minus its token mean;
   Q minus its per-`smooth_q_block`-token mean with the correction qm K^T added back to S; P~
   multiplied by 448 * 6 per row before its NVFP4 cast and divided again after). Smoothing
-  happens before the rotation (docs/design.md, 'Smoothing and rotation').
+  happens before the rotation (docs/design.md, 'Precision ladder and smoothing').
 - `block_m` x `block_n` is the tile of the online softmax. The result depends on `block_n`
   (P~ is taken against the running max of the key tiles seen so far) and not on `block_m`.
 

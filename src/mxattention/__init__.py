@@ -7,6 +7,7 @@
 from mxattention.attention import AttentionConfig, QuantSpec, get_method, list_methods, merge_attention
 from mxattention.dispatch import scaled_dot_product_attention
 from mxattention.integrations import PrecisionPolicy, disable, enable, patch_sdpa
+from mxattention.varlen import varlen_attention
 
 __version__ = "0.1.0"
 
@@ -21,4 +22,5 @@ __all__ = [
     "merge_attention",
     "patch_sdpa",
     "scaled_dot_product_attention",
+    "varlen_attention",
 ]

@@ -1,0 +1,66 @@
+"""The torch custom op `mxattention::varlen`: packed variable-length attention as one opaque node.
+
+Exposes `varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
+scale, cfg_key)` (max_seqlen -1 for "compute it") and `varlen_kernel_plan` (None if the fused
+kernels run a call, else the reason they do not).
+
+As `mxattention::sdpa` (kernels/op.py): the choice between the fused kernels and the PyTorch
+reference is made inside the op at run time, where the prefix sums are also read and checked on
+the host (one small device-to-host copy per call), so a compiled graph holds one node and no
+data-dependent Python. Inference only: a backward through the op raises.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mxattention.attention.config import AttentionConfig
+from mxattention.attention.varlen import check_varlen, seq_bounds, varlen_reference
+from mxattention.kernels.fused import unsupported_reason
+from mxattention.kernels.op import _warn_once, config_from_key
+
+
+def varlen_kernel_plan(cfg: AttentionConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """None if the fused kernels compute this varlen call, else a sentence saying why not."""
+    reason = unsupported_reason(cfg, q, k.shape[-1], v.shape[-1])
+    return reason or "the varlen kernels are not built yet"
+
+
+@torch.library.custom_op("mxattention::varlen", mutates_args=())
+def varlen_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    is_causal: bool,
+    scale: float,
+    cfg_key: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O [total_q, H, Dv] in q's dtype, lse [H, total_q] fp32) of the method `cfg_key` names."""
+    cfg = config_from_key(cfg_key)
+    shapes = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    given = (None if max_seqlen_q < 0 else max_seqlen_q, None if max_seqlen_k < 0 else max_seqlen_k)
+    cu_q, cu_k, _, _ = seq_bounds(cu_seqlens_q, cu_seqlens_k, shapes, *given)
+    reason = varlen_kernel_plan(cfg, q, k, v)
+    if reason is not None:
+        _warn_once(reason)
+    return varlen_reference(q, k, v, cu_q, cu_k, cfg, is_causal=is_causal, scale=scale)
+
+
+@varlen_op.register_fake
+def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, cfg_key):
+    tq, hq, _ = q.shape
+    return q.new_empty((tq, hq, v.shape[-1])), q.new_empty((hq, tq), dtype=torch.float32)
+
+
+def _no_backward(ctx, grad_out, grad_lse):
+    raise RuntimeError(
+        "mxattention.varlen_attention is inference-only (the 4-bit path has no backward); for "
+        "training, use flash-attn's flash_attn_varlen_func or torch SDPA per sequence"
+    )
+
+
+varlen_op.register_autograd(_no_backward)

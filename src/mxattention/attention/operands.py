@@ -36,31 +36,43 @@ def quantize_p(p_tilde: torch.Tensor, cfg: AttentionConfig) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Operands:
-    q: torch.Tensor  # [B, H, Lq, D] float32, rotated / smoothed / quantized
+    q: torch.Tensor  # [B, H, Lq, D] float32, smoothed / rotated / quantized
     k: torch.Tensor  # [B, H, Lk, D]
     v: torch.Tensor  # [B, H, Lk, Dv]
-    q_mean: torch.Tensor | None  # [B, H, Lq, D] per-token copy of the Sage block mean, or None
-    k_smooth_t: torch.Tensor | None  # [B, H, D, Lk] unquantized smoothed K^T for qm K^T, or None
+    q_mean: torch.Tensor | None  # [B, H, Lq, D] per-token copy of the Q block mean (unrotated), or None
+    k_smooth_t: torch.Tensor | None  # [B, H, D, Lk] smoothed K^T, unrotated and unquantized, or None
+    k_mean: torch.Tensor | None  # [B, H, 1, D] the token mean K smoothing took off, or None
+
+
+def q_block_means(q: torch.Tensor, block: int) -> torch.Tensor:
+    """Per-token copy [..., Lq, D] of the mean of each block of `block` query tokens (the last ragged)."""
+    lq = q.shape[-2]
+    nb = -(-lq // block)
+    pad = nb * block - lq
+    qp = torch.nn.functional.pad(q, (0, 0, 0, pad))
+    counts = torch.full((nb,), float(block), device=q.device)
+    counts[-1] = block - pad
+    means = qp.unflatten(-2, (nb, block)).sum(dim=-2) / counts[:, None]
+    return means.repeat_interleave(block, dim=-2)[..., :lq, :]
 
 
 def prepare_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: AttentionConfig) -> Operands:
-    """Rotate, smooth and quantize float32 Q [B,H,Lq,D], K [B,H,Lk,D], V [B,H,Lk,Dv] for `cfg`."""
-    q_mean = None
+    """Smooth, rotate and quantize float32 Q [B,H,Lq,D], K [B,H,Lk,D], V [B,H,Lk,Dv] for `cfg`.
+
+    Smoothing comes first, on the original basis (docs/design.md, 'Precision ladder and smoothing'):
+    the rotation would turn a common offset into one large coordinate (H 1 = sqrt(d) e_1), and the
+    correction qm K^T must pair qm with K on the basis qm was taken in.
+    """
+    q_mean = k_mean = k_smooth_t = None
     if cfg.smooth_k:
-        k = k - k.mean(dim=-2, keepdim=True)  # softmax-invariant: shifts every score of a row equally
+        k_mean = k.mean(dim=-2, keepdim=True)
+        k = k - k_mean  # shifts every score of a row by q . k_mean: softmax-invariant
     if cfg.smooth_q:
-        lq, blk = q.shape[-2], cfg.smooth_q_block
-        nb = -(-lq // blk)
-        pad = nb * blk - lq
-        qp = torch.nn.functional.pad(q, (0, 0, 0, pad))
-        counts = torch.full((nb,), float(blk), device=q.device)
-        counts[-1] = blk - pad
-        means = qp.unflatten(-2, (nb, blk)).sum(dim=-2) / counts[:, None]
-        q_mean = means.repeat_interleave(blk, dim=-2)[..., :lq, :]
+        q_mean = q_block_means(q, cfg.smooth_q_block)
         q = q - q_mean
+        k_smooth_t = k.transpose(-1, -2)
     if cfg.hadamard:
         q, k = rotate(q), rotate(k)
-    k_smooth_t = k.transpose(-1, -2) if q_mean is not None else None
     return Operands(
-        quantize(q, cfg.q, -1), quantize(k, cfg.k, -1), quantize(v, cfg.v, -2), q_mean, k_smooth_t
+        quantize(q, cfg.q, -1), quantize(k, cfg.k, -1), quantize(v, cfg.v, -2), q_mean, k_smooth_t, k_mean
     )

@@ -8,6 +8,10 @@ fp32 state, names as in docs/design.md, 'Attention algorithm'):
     P^     = Q(P~) per 32 keys                      l     = alpha l + rowsum(P^ if pnq else P~)
     O~     = alpha O~ + P^ V^_j                     finally O = O~ / l, lse = m + log l
 
+With Q smoothing S adds qm K_s_j^T * scale in fp32 (qm the query block's mean, K_s the smoothed,
+unrotated, unquantized keys); with K smoothing lse adds back q . mean(K) * scale, so it is the lse
+of the caller's scores whatever mean was taken off.
+
 Memory: the scores of one tile of [B, H, rows, block_n] are alive at a time, with `rows` chosen
 so that tile holds at most `max_tile_elements` values; rows are independent, so the result does
 not depend on that choice. The state is O(Lq * Dv). No Lq x Lk matrix is ever formed.
@@ -100,4 +104,9 @@ def reference_attention(
         empty = l == 0
         outs.append(torch.where(empty, torch.zeros_like(o), o / torch.where(empty, 1.0, l)))
         lses.append(torch.where(empty, -float("inf"), m + torch.log(torch.where(empty, 1.0, l))).squeeze(-1))
-    return torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)
+    lse = torch.cat(lses, dim=-1)
+    if ops.k_mean is not None:
+        # K smoothing took q . k_mean * scale off every score of a row; the lse of the scores the
+        # caller gave (what a merge of key chunks with different means needs) adds it back.
+        lse = lse + ((query @ ops.k_mean.transpose(-1, -2)).squeeze(-1) * scale)
+    return torch.cat(outs, dim=-2), lse

@@ -5,6 +5,9 @@ docs/design.md, 'Precision ladder and smoothing'.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+
 import pytest
 import torch
 
@@ -44,3 +47,15 @@ def test_wider_pv_ladders_are_closer_to_fp(fmt, most):
         return float((out - ref).norm() / ref.norm())
 
     assert err(fmt) < most * err("mxfp4")
+
+
+def test_ladder_presets():
+    mx4, mx8 = QuantSpec("mxfp4", "uos"), QuantSpec("mxfp8_e4m3", "uos")
+    pv8 = mx.get_method("mxattention-pv8")
+    assert (pv8.q, pv8.k, pv8.v, pv8.p) == (mx4, mx4, mx8, mx8)
+    assert pv8.hadamard and pv8.pnq and not (pv8.smooth_q or pv8.smooth_k)
+    smooth = mx.get_method("mxattention-pv8-smooth")
+    assert smooth.smooth_q and dataclasses.replace(smooth, name=pv8.name, smooth_q=False) == pv8
+    full8 = mx.get_method("mxfp8")
+    assert {full8.q, full8.k, full8.v, full8.p} == {mx8} and full8.hadamard and full8.pnq
+    assert inspect.signature(mx.scaled_dot_product_attention).parameters["method"].default == "mxattention"

@@ -261,6 +261,12 @@ def _all_mx(name: str, rule: str, *, hadamard: bool, pnq: bool, notes: str) -> A
     return AttentionConfig(name, s, s, s, s, hadamard=hadamard, pnq=pnq, notes=notes)
 
 
+# The precision ladder (issue 16): QK^T in MXFP4, P~V in MXFP8 E4M3, as the MX-hardware peers ship FP4
+# attention; every operand with its own ladder's UOS boundary, PNQ on P~.
+_MX4 = QuantSpec("mxfp4", "uos")
+_MX8 = QuantSpec("mxfp8_e4m3", "uos")
+_PV8 = {"hadamard": True, "pnq": True}
+
 _NV2 = QuantSpec("nvfp4", two_level=True)
 _NV1 = QuantSpec("nvfp4", two_level=False)
 
@@ -276,6 +282,28 @@ PRESETS: dict[str, AttentionConfig] = {
         _all_mx("mxattention", "uos", hadamard=True, pnq=True, notes="Hadamard + UOS 7.25 + PNQ (full)"),
         _all_mx("mxattention-no-hadamard", "uos", hadamard=False, pnq=True, notes="UOS + PNQ"),
         _all_mx("mxfp4-tfs-hadamard-pnq", "tfs", hadamard=True, pnq=True, notes="TFS (q = 6) instead of UOS"),
+        AttentionConfig(
+            "mxattention-pv8",
+            _MX4,
+            _MX4,
+            _MX8,
+            _MX8,
+            **_PV8,
+            notes="Q, K MXFP4 (Hadamard, UOS 7.25); P~, V MXFP8 E4M3 (UOS 464 + 2**-15, PNQ)",
+        ),
+        AttentionConfig(
+            "mxattention-pv8-smooth",
+            _MX4,
+            _MX4,
+            _MX8,
+            _MX8,
+            **_PV8,
+            smooth_q=True,
+            notes="mxattention-pv8 + Q smoothing (per-128-token mean, qm K^T in fp32), before the Hadamard",
+        ),
+        AttentionConfig(
+            "mxfp8", _MX8, _MX8, _MX8, _MX8, **_PV8, notes="every operand MXFP8 E4M3 (Hadamard, UOS, PNQ)"
+        ),
         AttentionConfig("nvfp4", _NV2, _NV2, _NV2, _NV1, notes="NVFP4 Q, K, V (two-level), P~ (per 16 keys)"),
         AttentionConfig(
             "nvfp4-sage",

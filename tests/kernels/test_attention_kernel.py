@@ -16,6 +16,8 @@ block boundary. Bounds, and the measured values they cover (interpreter, fp32 do
   get 1e-4 + 0.6 f; identical -inf rows, O = 0 on rows with no key.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -250,3 +252,45 @@ def test_nonfinite_inputs_as_reference(case, path, layout, device):
     assert torch.equal(lse.isnan(), ref_lse.isnan()) and torch.equal(lse.isinf(), ref_lse.isinf())
     fin = torch.isfinite(ref)
     assert torch.allclose(out[fin], ref[fin], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "scale,lq,lk",
+    [(0.0, 37, 45), (-0.0, 37, 128), (1e-50, 37, 45), (-0.125, 37, 45), (-0.125, 37, 128), (-2.0, 70, 45)],
+)
+def test_any_finite_scale_as_reference(scale, lq, lk, device):
+    """scale <= 0 (and one whose fp32 constant scale * log2(e) underflows): the kernel takes row
+    maxima of the raw scores times that constant, so it is served by negating or zeroing the
+    smaller operand (lq > lk: K). Zero scores are uniform weights; a padded tile (lk = 45) used to
+    give NaN everywhere, a negative scale finite and wrong results."""
+    q, k, v = qkv(1, 2, 1, lq, lk, 32, seed=17)
+    c = compare(q, k, v, "mxattention", scale=scale, device=device)
+    _check(c, f"scale {scale}")
+    if scale == 0.0:  # uniform weights: lse = log(sum of the quantized ones) = log(lk)
+        assert torch.allclose(c.lse, torch.full_like(c.lse, math.log(lk)), atol=1e-5)
+
+
+def test_scale_beyond_the_kernels_fp32_constant():
+    from mxattention.kernels.fused import fused_attention, scale_reason
+
+    assert scale_reason(-0.5) is None and scale_reason(2.3e38) is None
+    for bad in (2.4e38, -1e39, float("inf"), float("nan")):
+        assert "fp32 range" in scale_reason(bad)
+    q, k, v = qkv(1, 1, 1, 8, 8, 32, seed=18)
+    with pytest.raises(ValueError, match="fp32 range"):
+        fused_attention(q, k, v, get_method("mxattention"), scale=1e39)
+
+
+@pytest.mark.parametrize("method", ["mxattention", "mxfp4-ocp"])
+@pytest.mark.parametrize("magnitude", [1.7e8, 3.6e10, 1e30])
+def test_large_scores_as_reference(method, magnitude, device):
+    """Scores of any finite magnitude: the row max gets P~ = 1 as in the reference. One fma per P~
+    element left exp2 of the rounding error of s * scale * log2(e) there, >= 2**-8 (all of the
+    row rounded to 0: O = 0, lse = -inf) or overflowing (NaN) from |S| ~ 1e8 on."""
+    q, k, v = qkv(1, 1, 1, 37, 96, 32, seed=19)
+    q = q * (magnitude / (q @ k.transpose(-1, -2) * 32**-0.5).abs().max())
+    c = compare(q, k, v, method, device=device)
+    assert torch.isfinite(c.lse).all() and torch.isfinite(c.ref_lse).all()
+    assert c.rel_l2 <= REL_OF_QUANT * c.quant_rel_l2 and c.p_differ <= DECISION_RATE * c.p_decisions
+    # lse ~ the row max: the kernel's m is an fp32 of the scores in log2 units, times ln 2.
+    assert ((c.lse - c.ref_lse).abs() <= 1e-4 + 2.0**-21 * c.ref_lse.abs()).all()

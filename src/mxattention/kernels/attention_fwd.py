@@ -10,13 +10,14 @@ keys, in the names of docs/design.md, 'Attention algorithm', and `attention.refe
     p_hat   = Q(p_tilde) per 32 keys          l       = alpha l + rowsum(p_hat if PNQ else p_tilde)
     o_tilde = alpha o_tilde + p_hat V^_j      O       = o_tilde / l,  lse = m + log l
 
-Scores are kept in log2 units (scale * log2 e folded in, exp2 for exp): P~ agrees with the
-reference's exp to a few fp32 ulps. The block max of each 32 keys of p_tilde is exp2 of the
+Scores are kept in log2 units (scale * log2 e > 0 folded in, exp2 for exp; `fused_attention`
+serves scales <= 0 by negating or zeroing an operand): P~ agrees with the reference's exp to a few
+fp32 ulps of the scores. The block max of each 32 keys of p_tilde is exp2 of the
 block max of the scores (exp2 is monotone; checked exhaustively on the H200), its scale comes from
 the bits (`cast.block_scale`), the rounding from the float adder (`cast.e2m1_round`), so Q(P~) is
 decided exactly as `formats.fake_quantize` decides it. The kernel is compiled without fp
-contraction, and fmas are written out: the block maxima must round twice (s * scale, then - m), as
-the reference's S - m does, so a row max gets exactly p_tilde = 1 and the floor rule its scale.
+contraction, and fmas are written out: P~ must round twice (s * scale, then - m), as the
+reference's S - m does, so a row max gets exactly p_tilde = 1 and the floor rule its scale.
 
 Speed notes (H200, benchmarks/NOTES.md): the P~ cast is ALU work on the same issue slots as the
 softmax, so every instruction per score counts; tiles whose keys are all valid skip the mask select.
@@ -162,15 +163,19 @@ def _attend_tile(
 
     # Block maxima come from the scores (the product by c > 0, s - m and exp2 are monotone), and
     # the row max is the max of the block maxima. The block maxima of p_tilde, which set the
-    # scales, take the reference's two roundings (s * c, then - m): the max gets exactly 1. The
-    # elements take one fma, an error of the same size as exp2 against exp (an ulp of s * c).
+    # scales, and the elements take the reference's two roundings (s * c, then - m), so the max
+    # gets exactly 1 and each block's largest element equals the maximum its scale was chosen
+    # for. One fma per element (one instruction less) leaves the max exp2 of the rounding error
+    # of s * c instead: an ulp of it is >= 1 from |s * c| >= 2**24 on, which emptied rows at
+    # scores of 1.7e8 and made exp2 overflow at 3.6e10 (docs/design.md, 'Special values and
+    # overflow').
     s3 = tl.reshape(s, [BM, BN // 32, 32])
     s_blk = tl.max(s3, 2)
     m_new = tl.maximum(m, tl.max(s_blk, 1) * c)
     # A row with every key so far masked keeps m = -inf; exp2(-inf - 0) = 0 keeps it empty.
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.math.exp2(m - m_use)
-    p3 = tl.math.exp2(tl.fma(s3, c, -m_use[:, None, None]))
+    p3 = tl.math.exp2(s3 * c - m_use[:, None, None])
     p_blk = tl.math.exp2(s_blk * c - m_use[:, None])
     two_e = block_scale(p_blk, CEIL, Q_EXP, Q_MANT)
     p_hat3 = e2m1_round(p3, two_e[:, :, None])

@@ -1,6 +1,8 @@
 """`fused_attention`: pre-pass + attention kernel for one supported `AttentionConfig`, in torch terms.
 
-Exposes `fused_attention`, `unsupported_reason` (why a config / input cannot use the kernels) and
+Exposes `fused_attention`, `unsupported_reason` (why a config / input cannot use the kernels),
+`scale_reason` / `kernel_scale` (the scales the kernel's fp32 constant holds, and how scales <= 0
+are served) and
 `kv_heads_per_chunk` (the memory bound of the bf16 K^/V^ layout: groups of KV heads, each group's
 pre-pass and kernel run before the next group's operands exist).
 Inputs are [B, H, L, D] (the argument checks of `attention.inputs` are the caller's job).
@@ -9,7 +11,9 @@ Inputs are [B, H, L, D] (the argument checks of `attention.inputs` are the calle
 from __future__ import annotations
 
 import itertools
+import math
 import os
+import struct
 
 import torch
 
@@ -26,6 +30,8 @@ KV_CHUNK_MIN_BYTES = 256 * 2**20
 # Every kernel launches (tiles, batch x heads): CUDA's second grid axis holds at most 65535, so a call
 # with more batch x heads runs in pieces of batches (and, past 65535 heads, of heads).
 GRID_Y_MAX = 65535
+LOG2E = 1.0 / math.log(2.0)
+F32_MAX = 3.4028234663852886e38
 
 
 def cpu_kernels_requested() -> bool:
@@ -91,6 +97,7 @@ def fused_attention(
     from mxattention.kernels.prepass import padded_dim, padded_len, prepass_qk, prepass_v
     from mxattention.kernels.rules import rule_constants
 
+    query, key, scale = kernel_scale(query, key, scale)
     b, hq, lq, d = query.shape
     hk, lk, dv = key.shape[1], key.shape[2], value.shape[3]
     bm = block_m or (128 if padded_dim(max(d, dv)) <= 128 else 64)
@@ -150,6 +157,35 @@ def fused_attention(
         del qp, kp, vp
     out = out.to(query.dtype)
     return (out, lse, dbg) if debug_p else (out, lse)
+
+
+def scale_reason(scale: float) -> str | None:
+    """None if the kernel's fp32 constant |scale| * log2(e) is finite, else why the kernels cannot serve it."""
+    if not math.isfinite(scale) or abs(scale) * LOG2E > F32_MAX:
+        return f"scale={scale!r} is beyond the fused kernels' fp32 range (|scale| * log2(e) <= {F32_MAX:.3e})"
+    return None
+
+
+def kernel_scale(
+    query: torch.Tensor, key: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(query, key, scale) with the same scores Q^ K^ * scale and an fp32 constant scale * log2(e) > 0.
+
+    The kernel takes row maxima of the unscaled scores times that constant, which needs it > 0. A
+    negative scale negates the smaller of Q and K (exact: negation commutes with the rotation,
+    the symmetric MX cast and the dot); a zero one (or one whose constant is 0 in fp32) multiplies
+    it by 0 and takes scale 1, so every score is 0 and a NaN / Inf operand still gives NaN, as
+    the reference's (Q^ K^T) * 0 does. Costs one pass over that operand, only for scale <= 0.
+    """
+    reason = scale_reason(scale)
+    if reason is not None:
+        raise ValueError(reason)
+    if scale > 0 and struct.unpack("f", struct.pack("f", scale * LOG2E))[0] > 0:
+        return query, key, scale
+    q_smaller = query.numel() <= key.numel()
+    if scale < 0 and struct.unpack("f", struct.pack("f", -scale * LOG2E))[0] > 0:
+        return (-query, key, -scale) if q_smaller else (query, -key, -scale)
+    return (query * 0.0, key, 1.0) if q_smaller else (query, key * 0.0, 1.0)
 
 
 def kv_heads_per_chunk(

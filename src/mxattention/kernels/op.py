@@ -21,7 +21,7 @@ import torch
 from mxattention.attention.config import AttentionConfig, get_method
 from mxattention.attention.inputs import check_mask, check_qkv
 from mxattention.attention.sdpa import sdpa_reference
-from mxattention.kernels.fused import fused_attention, unsupported_reason
+from mxattention.kernels.fused import fused_attention, scale_reason, unsupported_reason
 
 _WARNED: set[str] = set()
 
@@ -73,7 +73,7 @@ def sdpa_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(O [B, Hq, Lq, Dv] in query's dtype, lse [B, Hq, Lq] fp32) of the method `cfg_key` names."""
     cfg = config_from_key(cfg_key)
-    reason = kernel_plan(cfg, query, key, value)
+    reason = kernel_plan(cfg, query, key, value) or scale_reason(scale)
     if reason is not None:
         _warn_once(reason)
         out, lse = sdpa_reference(

@@ -294,3 +294,23 @@ def test_large_scores_as_reference(method, magnitude, device):
     assert c.rel_l2 <= REL_OF_QUANT * c.quant_rel_l2 and c.p_differ <= DECISION_RATE * c.p_decisions
     # lse ~ the row max: the kernel's m is an fp32 of the scores in log2 units, times ln 2.
     assert ((c.lse - c.ref_lse).abs() <= 1e-4 + 2.0**-21 * c.ref_lse.abs()).all()
+
+
+@pytest.mark.parametrize("path,layout", [("bf16", "bf16"), ("dot_scaled", None)])
+@pytest.mark.parametrize("value", [6e4, 65504.0])
+def test_fp16_output_near_max_saturates_as_reference(value, path, layout, device):
+    """fp16 V at +-6e4 / 65504 (quantized to 65536 under UOS): the kernel's output is finite and
+    equals the reference's saturated cast (on a GPU the kernel's own fp16 store saturates)."""
+    from mxattention.attention.sdpa import sdpa_reference
+    from mxattention.kernels.fused import fused_attention
+
+    q, k, _ = qkv(1, 2, 2, 16, 40, 32, seed=20, dtype=torch.float16)
+    v = torch.full((1, 2, 40, 32), value, dtype=torch.float16)
+    v[..., ::2] *= -1
+    ref = sdpa_reference(q, k, v, method="mxattention", scale=32**-0.5)
+    out, _ = fused_attention(
+        q.to(device), k.to(device), v.to(device), get_method("mxattention"), scale=32**-0.5,
+        matrix_path=path, kv_layout=layout,
+    )  # fmt: skip
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    assert torch.equal(out.cpu(), ref)

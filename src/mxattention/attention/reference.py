@@ -1,6 +1,6 @@
 """The tiled online-softmax attention of the paper (Algorithm 1), in PyTorch: the specification.
 
-Exposes `reference_attention`. For each key tile j of `block_n` keys (FlashAttention-2 form,
+Exposes `reference_attention` and `cast_output` (the saturating cast to the input dtype). For each key tile j of `block_n` keys (FlashAttention-2 form,
 fp32 state, names as in docs/design.md, 'Attention algorithm'):
 
     S      = Q^ K^_j^T * scale  (+ mask)           m_new = max(m, rowmax S)
@@ -74,6 +74,22 @@ def _rows(
         o = alpha * o + p_hat @ ops.v[..., k0:k1, :]
         m = m_new
     return o, l, m
+
+
+def cast_output(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The fp32 attention output `out` in `dtype`, finite values saturated at dtype's largest finite value.
+
+    The exact output is a convex combination of rows of V, so it lies in the input dtype's range;
+    the quantized one can pass it by one quantization step (fp16 65504 is the MXFP4 value 65536
+    under UOS / TFS), which a rounding cast would make Inf. Clamping only moves such a value
+    towards the exact answer. NaN stays NaN (docs/design.md, 'Special values and overflow').
+    """
+    if out.dtype == dtype:
+        return out
+    big = torch.finfo(dtype).max
+    if torch.finfo(out.dtype).max > big:
+        out = out.clamp(-big, big)
+    return out.to(dtype)
 
 
 def reference_attention(

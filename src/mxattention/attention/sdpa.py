@@ -8,7 +8,7 @@ import torch
 
 from mxattention.attention.config import AttentionConfig, get_method
 from mxattention.attention.inputs import check_mask, check_qkv, check_scalars
-from mxattention.attention.reference import reference_attention
+from mxattention.attention.reference import cast_output, reference_attention
 
 
 def sdpa_reference(
@@ -43,5 +43,5 @@ def sdpa_reference(
         group = shapes.q_heads // shapes.kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     out, lse = reference_attention(query.float(), k, v, cfg, mask=mask, is_causal=is_causal, scale=scale_)
-    out = out.to(query.dtype)
+    out = cast_output(out, query.dtype)
     return (out, lse) if return_lse else out

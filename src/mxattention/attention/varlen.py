@@ -19,7 +19,7 @@ from itertools import pairwise
 import torch
 
 from mxattention.attention.config import AttentionConfig
-from mxattention.attention.reference import reference_attention
+from mxattention.attention.reference import cast_output, reference_attention
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -179,6 +179,6 @@ def varlen_reference(
         if group > 1:
             ki, vi = ki.repeat_interleave(group, dim=1), vi.repeat_interleave(group, dim=1)
         o, l = reference_attention(qi, ki, vi, cfg, is_causal=is_causal, scale=scale)
-        out[q0:q1] = o[0].permute(1, 0, 2).to(q.dtype)
+        out[q0:q1] = cast_output(o[0].permute(1, 0, 2), q.dtype)
         lse[:, q0:q1] = l[0]
     return out, lse

@@ -253,6 +253,7 @@ def _mx_attention_fwd_kernel(
     DOT_T: tl.constexpr,
     KV_BF16: tl.constexpr,
     ABLATE: tl.constexpr = 0,
+    OUT_MAX: tl.constexpr = 0.0,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -305,6 +306,12 @@ def _mx_attention_fwd_kernel(
     out = tl.where(empty[:, None], 0.0, out)
     optr = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     optr = optr + offs_m[:, None].to(tl.int64) * stride_om + offs_dv[None, :] * stride_od
+    if OUT_MAX > 0:  # saturate, as attention.reference.cast_output: the exact O is in range
+        out = tl.minimum(
+            tl.maximum(out, -OUT_MAX, propagate_nan=tl.PropagateNan.ALL),
+            OUT_MAX,
+            propagate_nan=tl.PropagateNan.ALL,
+        )
     tl.store(optr, out.to(Out.dtype.element_ty), mask=(offs_m[:, None] < Lq) & (offs_dv[None, :] < Dv))
     lse = tl.where(empty, float("-inf"), (m + tl.math.log2(tl.where(empty, 1.0, l))) * 0.6931471805599453)
     tl.store(Lse + bh.to(tl.int64) * Lq + offs_m, lse, mask=offs_m < Lq)
@@ -421,6 +428,7 @@ def mx_attention_fwd(
         DOT_T=tl.float32 if kernels_interpreted() else tl.bfloat16,
         KV_BF16=kv_bf16,
         ABLATE=ablate,
+        OUT_MAX=torch.finfo(out.dtype).max if out.dtype in (torch.float16, torch.bfloat16) else 0.0,
     )
     _launch(grid, args, constants, num_warps, num_stages, qc.device)
     return lse

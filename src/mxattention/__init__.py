@@ -6,13 +6,24 @@
 
 from mxattention.attention import AttentionConfig, QuantSpec, get_method, list_methods, merge_attention
 from mxattention.dispatch import scaled_dot_product_attention
-from mxattention.integrations import PrecisionPolicy, disable, enable, patch_sdpa
+from mxattention.integrations import (
+    FallbackError,
+    FallbackWarning,
+    PrecisionPolicy,
+    disable,
+    enable,
+    patch_sdpa,
+)
+from mxattention.kernels.op import InferenceOnlyError
 from mxattention.varlen import varlen_attention
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AttentionConfig",
+    "FallbackError",
+    "FallbackWarning",
+    "InferenceOnlyError",
     "PrecisionPolicy",
     "QuantSpec",
     "disable",

@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("diffusers")
 
-from mxattention import merge_attention
+from mxattention import InferenceOnlyError, merge_attention
 from mxattention.integrations import register_preset_backends
 from mxattention.integrations.diffusers_backend import mxattention_backward_op, mxattention_forward_op
 from tests.integrations import tiny_models
@@ -55,7 +55,7 @@ def test_forward_op_layout_and_lse():
     scores = torch.einsum("bqhd,bkhd->bqhk", q, k) / D**0.5
     torch.testing.assert_close(lse, torch.logsumexp(scores, dim=-1), atol=1e-4, rtol=1e-6)
     assert torch.equal(mxattention_forward_op(None, q, k, v, method="fp"), out)
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(InferenceOnlyError, match="inference-only"):
         mxattention_backward_op(None, out)
 
 

@@ -1,7 +1,11 @@
 """mxattention as a diffusers attention backend, on real diffusers transformers with tiny configs."""
 
+import warnings
+
 import pytest
 import torch
+
+import mxattention
 
 pytest.importorskip("diffusers")
 
@@ -162,13 +166,41 @@ def test_unsupported_calls_fall_back_to_torch_counted():
     ref = dispatch_attention_fn(q, k, v, dropout_p=0.5, backend=AttentionBackendName.NATIVE)
     assert torch.equal(out, ref)
     qg = q.clone().requires_grad_(True)
-    out = dispatch_attention_fn(qg, k, v, backend="mxattention")
-    out.sum().backward()  # torch's SDPA ran, so gradients exist
-    assert qg.grad is not None and qg.grad.abs().sum() > 0
+    out = dispatch_attention_fn(qg, k, v, backend="mxattention")  # quantized; no backward
+    with pytest.raises(mxattention.InferenceOnlyError, match="autograd='torch'"):
+        out.sum().backward()
     dispatch_attention_fn(q.double(), k.double(), v.double(), backend="mxattention")
     stats = backend_stats("mxattention")
-    assert stats["fallback_reasons"] == {"dropout": 1, "autograd": 1, "dtype": 1}
-    assert stats["routed"] == 0
+    assert stats["fallback_reasons"] == {"dropout": 1, "dtype": 1}
+    assert stats["routed"] == 1
+
+
+def test_strict_autograd_and_warnings_of_a_registration():
+    q, k, v = _bshd(1, 16, 2, 32, 0), _bshd(1, 16, 2, 32, 1), _bshd(1, 16, 2, 32, 2)
+    try:
+        name = register_diffusers_backend("mxattention", name="mxattention_test_opts", autograd="torch")
+        qg = q.clone().requires_grad_(True)
+        dispatch_attention_fn(qg, k, v, backend=name).sum().backward()  # torch's SDPA: gradients
+        ref = q.clone().requires_grad_(True)
+        dispatch_attention_fn(ref, k, v, backend=AttentionBackendName.NATIVE).sum().backward()
+        assert torch.equal(qg.grad, ref.grad)
+        assert backend_stats(name)["fallback_reasons"] == {"autograd": 1}
+        register_diffusers_backend("mxattention", name=name, strict=True)
+        with pytest.raises(mxattention.FallbackError, match="mxattention_test_opts"):
+            dispatch_attention_fn(q.double(), k.double(), v.double(), backend=name)
+        register_diffusers_backend("mxattention", name=name)  # a new registration: warns afresh
+        model = tiny_models.wan(num_layers=1).double()
+        inputs = tiny_models.to(tiny_models.wan_inputs(), "cpu", torch.float64)
+        with warnings.catch_warnings(record=True) as rec, torch.no_grad(), attention_backend(name):
+            warnings.simplefilter("always")
+            model(**inputs)  # fp64: both calls fall back, warned once, at this line
+            dispatch_attention_fn(q, k, v, dropout_p=0.5, backend=name)
+        assert backend_stats(name)["fallback_reasons"] == {"dtype": 2, "dropout": 1}
+    finally:
+        register_diffusers_backend("fp", name="mxattention_test_opts")
+    dtype, dropout = [w for w in rec if issubclass(w.category, mxattention.FallbackWarning)]
+    assert dtype.filename == dropout.filename == __file__
+    assert dropout.lineno == dtype.lineno + 1 and "'dtype'" in str(dtype.message)
 
 
 def test_re_registering_with_another_method_re_points_the_name():

@@ -1,6 +1,7 @@
 """patch_sdpa / enable / disable: torch.nn.functional.scaled_dot_product_attention routed and restored."""
 
 import threading
+import warnings
 
 import pytest
 import torch
@@ -88,13 +89,90 @@ def test_unsupported_calls_fall_back_counted_by_reason():
     assert s["fallback"] == 6 and s["routed"] == 1
 
 
-def test_autograd_calls_fall_back(model_and_input):
-    model, x = model_and_input
-    with patch_sdpa() as patch:
-        out = model(x)
+class TrainableModel(nn.Module):
+    """The README's module: three attention blocks whose parameters require grad."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(SelfAttentionBlock(64, 2, 0.0) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_calls_tracking_gradients_are_quantized_and_backward_raises():
+    model, x = TrainableModel(), torch.randn(1, 64, 64)
+    assert all(p.requires_grad for p in model.parameters())
+    with torch.no_grad(), patch_sdpa():
+        want = model(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # quantized: no fallback, so no warning
+        with patch_sdpa() as patch:  # the README's snippet, without torch.no_grad()
+            out = model(x)
+    assert patch.stats()["routed"] == 3 and patch.stats()["fallback"] == 0
+    assert torch.equal(out, want) and out.requires_grad  # same numerics with or without grad mode
+    with pytest.raises(mxattention.InferenceOnlyError, match="inference-only") as err:
+        out.sum().backward()
+    assert "autograd='torch'" in str(err.value)
+
+
+def test_autograd_torch_runs_torch_sdpa_for_calls_tracking_gradients():
+    model, x = TrainableModel(), torch.randn(1, 64, 64)
+    want = model(x)
+    want.sum().backward()
+    want_grad = model.blocks[0].qkv.weight.grad.clone()
+    model.zero_grad()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # chosen, so not warned (nor refused by strict)
+        with patch_sdpa(autograd="torch", strict=True) as patch:
+            out = model(x)
+            with torch.no_grad():
+                quantized = model(x)
     out.sum().backward()
-    assert patch.stats()["fallback_reasons"] == {"autograd": 2}
-    assert model.blocks[0].qkv.weight.grad.abs().sum() > 0
+    assert torch.equal(out, want) and torch.equal(model.blocks[0].qkv.weight.grad, want_grad)
+    assert patch.stats()["fallback_reasons"] == {"autograd": 3} and patch.stats()["routed"] == 3
+    assert not torch.equal(quantized, want)
+    with pytest.raises(ValueError, match="autograd"):
+        patch_sdpa(autograd="ste")
+    with pytest.raises(TypeError, match="strict"):
+        enable(strict=1)
+
+
+def test_fallback_warns_once_per_reason_at_the_callers_line():
+    q, k, v = torch.randn(3, 1, 2, 32, 16).unbind(0)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        with patch_sdpa() as patch:
+            for _ in range(2):
+                F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+                F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+        with patch_sdpa():
+            F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)  # a new patch warns again
+    assert patch.stats()["fallback_reasons"] == {"dropout": 2, "dtype": 2}
+    msgs = [w for w in rec if issubclass(w.category, mxattention.FallbackWarning)]
+    assert len(msgs) == 3
+    assert "'dropout'" in str(msgs[0].message) and "model.eval()" in str(msgs[0].message)
+    assert "'dtype'" in str(msgs[1].message) and "cast" in str(msgs[1].message)
+    assert {w.filename for w in msgs} == {__file__}
+
+
+def test_strict_raises_instead_of_falling_back(model_and_input):
+    model, x = model_and_input
+    q, k, v = torch.randn(3, 1, 2, 32, 16).unbind(0)
+    with patch_sdpa(strict=True) as patch, torch.no_grad():
+        model(x)  # served calls run as usual
+        with pytest.raises(mxattention.FallbackError, match="'dtype'"):
+            F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    assert patch.stats()["routed"] == 2 and patch.stats()["fallback"] == 0
+    enable(strict=True)
+    try:
+        with pytest.raises(mxattention.FallbackError, match="mxattention.enable"):
+            F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+    finally:
+        disable()
 
 
 def test_original_restored_after_exceptions_and_reuse():

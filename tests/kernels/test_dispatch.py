@@ -107,3 +107,19 @@ def test_compile_fullgraph(monkeypatch, kernels):
         out, lse = compiled(q, k, v, mask)
         want, want_lse = f(q, k, v, mask)
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+def test_inputs_requiring_grad_quantize_and_backward_raises():
+    q, k, v = qkv(1, 2, 2, 24, 40, 32)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", op.ReferenceFallbackWarning)
+        want = mx.scaled_dot_product_attention(q, k, v)
+    q.requires_grad_(True)
+    compiled = torch.compile(mx.scaled_dot_product_attention, fullgraph=True, backend="aot_eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", op.ReferenceFallbackWarning)
+        outs = [mx.scaled_dot_product_attention(q, k, v), compiled(q, k, v)]
+    for out in outs:  # eager, then compiled: the forward compiles and runs, the backward raises
+        assert torch.equal(out, want) and out.requires_grad
+        with pytest.raises(mx.InferenceOnlyError, match="inference-only"):
+            out.sum().backward()

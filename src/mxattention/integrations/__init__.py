@@ -1,15 +1,17 @@
 """Plugging mxattention into models: torch SDPA patching, a diffusers backend, hybrid precision.
 
 Exposes `patch_sdpa`, `enable`, `disable`, `stats`, `SdpaPatch` (sdpa_patch), `PrecisionPolicy`,
-`AttentionSite`, `current_site` (policy) and, importing diffusers on first use,
-`register_diffusers_backend`, `register_preset_backends`, `backend_name`, `backend_stats`
-(diffusers_backend). Imports `attention` and `dispatch` only.
+`AttentionSite`, `current_site` (policy), `FallbackError`, `FallbackWarning` (_routing) and, importing
+diffusers on first use, `register_diffusers_backend`, `register_preset_backends`, `backend_name`,
+`backend_stats` (diffusers_backend). Imports `attention`, `dispatch` and `kernels.op` (the custom op,
+`InferenceOnlyError`) only.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from mxattention.integrations._routing import FallbackError, FallbackWarning
 from mxattention.integrations.policy import AttentionSite, PrecisionPolicy, current_site
 from mxattention.integrations.sdpa_patch import SdpaPatch, disable, enable, patch_sdpa, stats
 
@@ -17,6 +19,8 @@ _DIFFUSERS = ("register_diffusers_backend", "register_preset_backends", "backend
 
 __all__ = [
     "AttentionSite",
+    "FallbackError",
+    "FallbackWarning",
     "PrecisionPolicy",
     "SdpaPatch",
     "current_site",

@@ -32,10 +32,10 @@ def unsupported_reason(
     """None if mxattention can run this [B, H, L, D] SDPA call, else a short reason for the fallback.
 
     Invalid calls also get a reason: the original SDPA then raises torch's own error for them.
+    Traceable by Dynamo without graph breaks: under torch.compile these are static facts of the call.
+    Inputs that require grad are served (see `_routing.tracks_grad` for the autograd="torch" choice).
     """
     tensors = (query, key, value)
-    if torch.compiler.is_compiling():
-        return "compiling"  # the reference is eager PyTorch; graphs keep torch's op
     if not all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors):
         return "tensor_type"  # non-tensors, DTensor, nested, fake and other subclasses
     if any(t.is_nested for t in tensors):
@@ -48,8 +48,6 @@ def unsupported_reason(
         return "device"
     if not isinstance(dropout_p, (int, float)) or dropout_p != 0.0:
         return "dropout"
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return "autograd"  # forward only: rounding would silently zero the gradients
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         return "scale"
     b, hq, lq, d = query.shape

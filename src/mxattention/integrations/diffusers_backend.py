@@ -18,15 +18,24 @@ the keyword arguments our function names. Register before anything resolves the 
 Masks: bool (True = attend) or additive, as torch SDPA; a 2-D [B, Sk] key mask is read as
 [B, 1, 1, Sk] like diffusers' native backend; HunyuanVideo's bool [B, 1, 1, N] key mask is served
 (SageAttention's backends refuse masks). GQA, `scale` and `is_causal` pass through. Calls the 4-bit path
-cannot serve (dropout, inputs needing gradients, ...) run torch's SDPA, counted by reason in
-`backend_stats(name)`, which also counts the mask dtypes / shapes seen. Under torch.compile (Dynamo
-tracing) calls fall back likewise ("compiling"): mxattention is not a custom op yet.
+cannot serve (dropout, fp64, ...) run torch's SDPA, counted by reason in `backend_stats(name)` (which
+also counts the mask dtypes / shapes seen), warned once per reason per registration
+(`mxattention.FallbackWarning`, attributed to the line that called the model), or refused with
+`strict=True` (`mxattention.FallbackError`). Inputs that require grad are quantized and a backward
+through them raises `mxattention.InferenceOnlyError`; `autograd="torch"` runs torch's SDPA for them.
+
+torch.compile: Dynamo traces diffusers' dispatcher and this backend; each call is one opaque node, the
+custom op `mxattention::routed_sdpa` (see `integrations._routing`), which makes the policy's decision,
+counts and computes at run time: the counts are of executed calls, the output that of eager execution.
 
 Context parallelism: `supports_context_parallel=True`. Ring attention calls the forward op once per
 key chunk with `return_lse=True` and merges the (out, lse) pairs; Ulysses calls it once on all keys of
-a head subset. Full-precision methods merge to the single-device result up to fp32 rounding. Quantized
+a head subset. The method of each call is decided once (the op `mxattention::route_decide`, at run time
+also when compiled) and passed to every chunk's forward op. Full-precision methods merge to the single-device result up to fp32 rounding. Quantized
 methods quantize P~ against the running max of the keys seen, so ring results depend on the split
-(the PNQ row sums stay exactly one); Ulysses results do not. Inference only: the backward op raises.
+(the PNQ row sums stay exactly one); Ulysses results do not. Inference only: the backward op raises
+`InferenceOnlyError`; with `autograd="torch"`, calls that track gradients run diffusers' native
+context-parallel attention (Ulysses only: it has no log-sum-exp for the ring).
 """
 
 from __future__ import annotations
@@ -34,7 +43,6 @@ from __future__ import annotations
 import functools
 import re
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -42,24 +50,35 @@ from diffusers.models import attention_dispatch as _ad
 
 from mxattention.attention.config import PRESETS, AttentionConfig, get_method
 from mxattention.dispatch import scaled_dot_product_attention as mx_sdpa
-from mxattention.integrations._support import (
-    CallStats,
-    original_sdpa,
-    torch_attention_with_lse,
-    unsupported_reason,
+from mxattention.integrations._routing import (
+    Router,
+    check_options,
+    route_decide,
+    routed_sdpa,
+    tracks_grad,
 )
-from mxattention.integrations.policy import NATIVE, PrecisionPolicy
+from mxattention.integrations._support import original_sdpa, torch_attention_with_lse, unsupported_reason
+from mxattention.integrations.policy import PrecisionPolicy
+from mxattention.kernels.op import InferenceOnlyError, inference_only_message
 
 DEFAULT_NAME = "mxattention"
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")
 
 
-@dataclass
-class _Registration:
-    name: str
-    method: AttentionConfig
-    policy: PrecisionPolicy | None
-    stats: CallStats = field(default_factory=CallStats)
+class _Registration(Router):
+    """One registered backend name: its method, policy, options and counts."""
+
+    def __init__(
+        self, name: str, method: AttentionConfig, policy: PrecisionPolicy | None, strict: bool, autograd: str
+    ) -> None:
+        super().__init__(method, policy, strict=strict, autograd=autograd)
+        self.name = name
+        self.label = f"mxattention diffusers backend {name!r}"
+
+    def native(self, query, key, value, attn_mask, is_causal, scale, enable_gqa) -> torch.Tensor:
+        return original_sdpa(
+            query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+        )
 
 
 _lock = threading.Lock()
@@ -119,6 +138,8 @@ def mxattention_forward_op(
     *,
     method: str | AttentionConfig = "mxattention",
     native: bool = False,
+    router: str | None = None,
+    decision: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The forward op diffusers' templated ring / Ulysses attention calls.
 
@@ -126,7 +147,9 @@ def mxattention_forward_op(
     and, with `return_lse`, lse [B, Sq, H] (fp32, natural log), the layout of diffusers' flash ops.
     `native` runs torch's SDPA instead of `method`; where the lse is asked for (ring) torch's flash
     attention op that returns it (CPU: any mask; CUDA: fp16 / bf16 without mask), else the "fp"
-    method. `ctx` is unused: nothing is saved, there is no backward.
+    method. With `router` (a registration's token) and `decision` (from `route_decide`), the
+    registration's decided method runs instead, through `mxattention::routed_sdpa`. `ctx` is unused:
+    nothing is saved, there is no backward.
     """
     mask = _key_mask(attn_mask, query.shape[0], key.shape[1])
     if mask is not None and mask.shape[-1] != key.shape[1]:
@@ -135,6 +158,11 @@ def mxattention_forward_op(
             "attention does not rotate the mask with the keys; use Ulysses for masked attention"
         )
     q, k, v = (x.permute(0, 2, 1, 3) for x in (query, key, value))
+    if router is not None:
+        scale_ = None if scale is None else float(scale)
+        out, lse = routed_sdpa(q, k, v, mask, is_causal, scale_, enable_gqa, return_lse, router, decision)
+        out = out.permute(0, 2, 1, 3)
+        return (out, lse.permute(0, 2, 1)) if return_lse else out
     if native and not return_lse:
         return _native(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa)
     pair = torch_attention_with_lse(q, k, v, mask, is_causal, scale) if native and dropout_p == 0 else None
@@ -165,17 +193,8 @@ def _native(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa) -> torch.Ten
 
 
 def mxattention_backward_op(ctx: Any, grad_out: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-    """Raises: mxattention is an inference (forward-only) method."""
-    raise NotImplementedError("mxattention's diffusers backend is forward-only (inference)")
-
-
-def _decide(reg: _Registration, q_len: int, k_len: int) -> tuple[AttentionConfig, bool]:
-    """(method, native) for one call, counted in the backend's stats and the policy's report."""
-    if reg.policy is not None and reg.policy.route(q_len, k_len):
-        reg.stats.add("high_precision")
-        return reg.policy.high_precision_method, reg.policy.high_precision == NATIVE
-    reg.stats.add("routed")
-    return reg.method, False
+    """Raises `InferenceOnlyError`: mxattention's 4-bit path has no backward."""
+    raise InferenceOnlyError(inference_only_message("mxattention's diffusers backend (context parallel)"))
 
 
 def _attention(
@@ -191,11 +210,17 @@ def _attention(
     return_lse: bool,
     parallel_config: Any,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    # Traced by Dynamo under torch.compile: static checks here, run-time decisions in the ops.
     mask = _key_mask(attn_mask, query.shape[0], key.shape[1])
-    reg.stats.saw_mask(mask)
+    grad_to_torch = reg.autograd == "torch" and tracks_grad(query, key, value)
+    if parallel_config is not None and grad_to_torch:
+        reg.note_fallback("autograd")
+        return _ad._native_attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, parallel_config
+        )
     if parallel_config is not None:
-        # Once per attention call, not per ring step, so every key chunk uses the same method.
-        method, native = _decide(reg, query.shape[1], key.shape[1])
+        # Decided once per attention call, not per ring step, so every key chunk uses the same method.
+        decision = route_decide(reg.token, query.shape[1], key.shape[1], mask)
         return _ad._templated_context_parallel_attention(
             query,
             key,
@@ -206,32 +231,23 @@ def _attention(
             scale,
             enable_gqa,
             return_lse,
-            forward_op=functools.partial(mxattention_forward_op, method=method, native=native),
+            forward_op=functools.partial(mxattention_forward_op, router=reg.token, decision=decision),
             backward_op=mxattention_backward_op,
             _parallel_config=parallel_config,
         )
     q, k, v = (x.permute(0, 2, 1, 3) for x in (query, key, value))
     reason = unsupported_reason(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa)
+    if reason is None and grad_to_torch:
+        reason = "autograd"
     if reason is not None and return_lse:
         raise ValueError(f"mxattention cannot serve this call ({reason}) and torch's SDPA returns no lse")
     if reason is not None:
-        reg.stats.add("fallback", reason)
+        reg.note_fallback(reason)
         return _native(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa)
-    method, native = _decide(reg, query.shape[1], key.shape[1])
-    return mxattention_forward_op(
-        None,
-        query,
-        key,
-        value,
-        mask,
-        dropout_p,
-        is_causal,
-        scale,
-        enable_gqa,
-        return_lse,
-        method=method,
-        native=native,
-    )
+    scale_ = None if scale is None else float(scale)
+    out, lse = routed_sdpa(q, k, v, mask, is_causal, scale_, enable_gqa, return_lse, reg.token, None)
+    out = out.permute(0, 2, 1, 3)
+    return (out, lse.permute(0, 2, 1)) if return_lse else out
 
 
 def _check_inputs(
@@ -287,17 +303,23 @@ def register_diffusers_backend(
     method: str | AttentionConfig = "mxattention",
     name: str | None = None,
     policy: PrecisionPolicy | None = None,
+    *,
+    strict: bool = False,
+    autograd: str = "error",
 ) -> str:
     """Register (or re-point) the diffusers backend `name` running `method`; returns the name.
 
     `name` defaults to `backend_name(method)`; it must be lower case (diffusers lower-cases names).
-    Calling again with the same method and policy object does nothing; with others it re-points the
-    name (and restarts its stats). `policy` keeps chosen calls in high precision; attach its hooks
-    with `policy.attach(transformer_or_pipeline)`.
+    Calling again with the same method, policy object and options does nothing; with others it
+    re-points the name (and restarts its stats). `policy` keeps chosen calls in high precision; attach
+    its hooks with `policy.attach(transformer_or_pipeline)`. `strict` and `autograd` as
+    `mxattention.patch_sdpa`: raise `FallbackError` instead of falling back; "torch" runs torch's SDPA
+    for calls that track gradients (default "error": quantized, and a backward raises).
     """
     cfg = get_method(method)
     if policy is not None and not isinstance(policy, PrecisionPolicy):
         raise TypeError(f"policy must be a PrecisionPolicy or None, got {type(policy).__name__}")
+    check_options(strict, autograd)
     name = backend_name(cfg) if name is None else name
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise ValueError(f"backend name must be lower case letters, digits, '_' or '-', got {name!r}")
@@ -305,10 +327,15 @@ def register_diffusers_backend(
         old = _registry.get(name)
         if old is None and name in _ad.AttentionBackendName._value2member_map_:
             raise ValueError(f"{name!r} is one of diffusers' own attention backends; choose another name")
-        if old is not None and old.method == cfg and old.policy is policy:
+        if (
+            old is not None
+            and old.method == cfg
+            and old.policy is policy
+            and (old.strict, old.autograd) == (strict, autograd)
+        ):
             return name
         member = _enum_member(name)
-        _registry[name] = _Registration(name, cfg, policy)
+        _registry[name] = _Registration(name, cfg, policy, strict, autograd)
         if old is None:
             _ad._AttentionBackendRegistry.register(
                 member, constraints=[_check_inputs], supports_context_parallel=True
@@ -332,8 +359,8 @@ def backend_stats(name: str = DEFAULT_NAME) -> dict[str, Any]:
     """Counts of the backend `name`: routed / high_precision / fallback (by reason) calls, masks seen
     as {(dtype, shape): calls}, and the method it runs."""
     reg = _get(name)
-    return {**reg.stats.as_dict(), "method": reg.method.name}
+    return {**reg.calls.as_dict(), "method": reg.method.name}
 
 
 def reset_backend_stats(name: str = DEFAULT_NAME) -> None:
-    _get(name).stats.reset()
+    _get(name).calls.reset()

@@ -19,13 +19,21 @@ A call is placed by three facts, gathered by the hooks `PrecisionPolicy.attach(m
 - kind: "cross" when the attention module says so (`is_cross_attention`, as diffusers' `Attention`
   and `WanAttention` set it), otherwise when the query and key lengths differ; else "self". Joint
   text + video attention (HunyuanVideo, Flux) is therefore "self".
+
+Under torch.compile the hooks are traced with the model. There they call two custom ops instead of
+Python code, `mxattention::policy_model_call` (the step tracker, reading the timestep tensor) and
+`mxattention::policy_site` (the site stack), so the step and the block are tracked at run time, in
+each run of the compiled graph, as in eager code: ordered effectful ops (torch.library's effects),
+which compiled graphs neither drop nor reorder against the attention calls that read them.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import inspect
+import itertools
 import threading
+import weakref
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -33,6 +41,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._library.effects import EffectType
 
 from mxattention.attention.config import AttentionConfig, get_method
 
@@ -64,11 +73,38 @@ def current_site() -> AttentionSite | None:
     return stack[-1] if stack else None
 
 
+# Hooked sites by index: the compiled hooks name their site by this int (a graph constant).
+_sites: list[AttentionSite] = []
+_sites_lock = threading.Lock()
+
+
+def _site_index(site: AttentionSite) -> int:
+    with _sites_lock:
+        _sites.append(site)
+        return len(_sites) - 1
+
+
+def _enter(index: int) -> None:
+    _site_stack().append(_sites[index])
+
+
+def _leave(index: int) -> None:
+    stack = _site_stack()
+    if stack and stack[-1] is _sites[index]:
+        stack.pop()
+
+
+_states: weakref.WeakValueDictionary[str, _PolicyState] = weakref.WeakValueDictionary()
+_state_ids = itertools.count()
+
+
 class _PolicyState:
     """What a policy has seen: the step tracker and the call counts. Shared by every attached model."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        self.token = f"policy:{next(_state_ids)}"  # names this state in the compiled hooks' op calls
+        _states[self.token] = self
         self.step: int | None = None
         self.last_t: float | None = None
         self.runs = 0
@@ -353,14 +389,51 @@ def _is_attention(module: nn.Module) -> bool:
     return hasattr(module, "processor") or type(module).__name__.endswith("Attention")
 
 
+_TAGS = (torch.Tag.cudagraph_unsafe,)
+
+
+@torch.library.custom_op("mxattention::policy_site", mutates_args=(), tags=_TAGS)
+def _site_op(site: int, enter: bool) -> None:
+    """Enter or leave the hooked site of index `site` (this thread's site stack), at run time."""
+    (_enter if enter else _leave)(site)
+
+
+@_site_op.register_fake
+def _site_op_fake(site, enter):
+    return None
+
+
+@torch.library.custom_op("mxattention::policy_model_call", mutates_args=(), tags=_TAGS)
+def _model_call_op(state: str, timestep: torch.Tensor | None, t: float | None) -> None:
+    """The step tracker of the policy state `state` sees one model call, at run time."""
+    st = _states.get(state)
+    if st is not None:
+        st.on_model_call(timestep if timestep is not None else t)
+
+
+@_model_call_op.register_fake
+def _model_call_op_fake(state, timestep, t):
+    return None
+
+
+for _op in (_site_op, _model_call_op):
+    _op.register_effect(EffectType.ORDERED)
+
+
 def _push(site: AttentionSite):
+    index = _site_index(site)
+
     def pre_hook(module: nn.Module, args: tuple) -> None:
-        _site_stack().append(site)
+        if torch.compiler.is_compiling():
+            _site_op(index, True)
+        else:
+            _enter(index)
 
     def post_hook(module: nn.Module, args: tuple, output: object) -> None:
-        stack = _site_stack()
-        if stack and stack[-1] is site:
-            stack.pop()
+        if torch.compiler.is_compiling():
+            _site_op(index, False)
+        else:
+            _leave(index)
 
     return pre_hook, post_hook
 
@@ -375,7 +448,12 @@ def _install_hooks(model: nn.Module, state: _PolicyState) -> list[Any]:
             t = kwargs["timestep"]
         else:
             t = args[t_index] if t_index is not None and t_index < len(args) else None
-        state.on_model_call(t)
+        if not torch.compiler.is_compiling():
+            state.on_model_call(t)
+        elif isinstance(t, torch.Tensor):
+            _model_call_op(state.token, t, None)
+        else:
+            _model_call_op(state.token, None, float(t) if isinstance(t, (int, float)) else None)
 
     handles.append(model.register_forward_pre_hook(on_call, with_kwargs=True))
 

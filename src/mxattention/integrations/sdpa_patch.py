@@ -11,10 +11,22 @@ Only the attribute on `torch.nn.functional` is replaced, so code that calls
 is routed, including diffusers' "native" backend; code that bound the function earlier
 (`from torch.nn.functional import scaled_dot_product_attention` at import) is not.
 
+torch.compile: a model compiled (or re-traced) while the patch is installed traces the routing code;
+each routed call is one opaque node, the custom op `mxattention::routed_sdpa`, which decides (policy),
+counts and computes at run time, so `stats()` counts executed calls and the output equals eager
+execution's. Dynamo guards on the patched attribute: outside the patch the model recompiles with
+torch's SDPA.
+
+Gradients: calls whose inputs require grad are quantized too (the forward is the same with or without
+`torch.no_grad()`); a backward through a routed call raises `mxattention.InferenceOnlyError`.
+`autograd="torch"` runs torch's SDPA for the calls that track gradients instead (counted as fallback
+reason "autograd", neither warned nor refused by `strict`): the choice for training or fine-tuning.
+
 Calls mxattention cannot serve run the function that was installed before the patch, counted by
-reason: "dropout" (dropout_p != 0, training), "autograd" (inputs need gradients), "dtype", "ndim",
-"device", "tensor_type" (tensor subclasses, nested tensors), "shape", "mask" (also invalid calls: torch
-then raises its own error), "scale", "compiling" (inside torch.compile, graphs keep torch's op).
+reason: "dropout" (dropout_p != 0, training), "dtype", "ndim", "device", "tensor_type" (tensor
+subclasses, nested tensors), "shape", "mask" (also invalid calls: torch then raises its own error),
+"scale". Each reason warns once per patch (`mxattention.FallbackWarning`, naming the reason and the
+fix, attributed to the caller's line); `strict=True` raises `mxattention.FallbackError` instead.
 A `PrecisionPolicy` may keep a call in high precision: with `high_precision="native"` (its default)
 that is the function installed before the patch, i.e. torch's own SDPA; otherwise the policy's
 full-precision mxattention method.
@@ -35,10 +47,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mxattention.attention.config import AttentionConfig, get_method
-from mxattention.dispatch import scaled_dot_product_attention as mx_sdpa
+from mxattention.attention.config import AttentionConfig
+from mxattention.integrations._routing import Router, routed_sdpa, tracks_grad
 from mxattention.integrations._support import CallStats, unsupported_reason
-from mxattention.integrations.policy import NATIVE, PrecisionPolicy
+from mxattention.integrations.policy import PrecisionPolicy
 
 _lock = threading.RLock()
 _stack: list[SdpaPatch] = []  # installed patches, innermost last
@@ -51,17 +63,19 @@ def _busy() -> bool:
     return getattr(_local, "busy", False)
 
 
-class SdpaPatch:
+class SdpaPatch(Router):
     """One installation of the routing wrapper; a context manager, re-usable but not re-entrant."""
 
     def __init__(
-        self, method: str | AttentionConfig = "mxattention", policy: PrecisionPolicy | None = None
+        self,
+        method: str | AttentionConfig = "mxattention",
+        policy: PrecisionPolicy | None = None,
+        *,
+        strict: bool = False,
+        autograd: str = "error",
     ) -> None:
-        self.method = get_method(method)
-        if policy is not None and not isinstance(policy, PrecisionPolicy):
-            raise TypeError(f"policy must be a PrecisionPolicy or None, got {type(policy).__name__}")
-        self.policy = policy
-        self._stats = CallStats()
+        super().__init__(method, policy, strict=strict, autograd=autograd, sinks=(_totals,))
+        self.label = f"mxattention.patch_sdpa({self.method.name!r})"
         self._prev: Any = None
         self._active = False
         self._fn = self._make_fn()
@@ -72,7 +86,7 @@ class SdpaPatch:
 
     def stats(self) -> dict[str, Any]:
         """Calls seen while this patch was the innermost: routed / high_precision / fallback counts."""
-        return self._stats.as_dict()
+        return self.calls.as_dict()
 
     def __enter__(self) -> SdpaPatch:
         with _lock:
@@ -90,10 +104,6 @@ class SdpaPatch:
             # Unwind from the top every patch already left, restoring exactly what each replaced.
             while _stack and not _stack[-1]._active and F.scaled_dot_product_attention is _stack[-1]._fn:
                 F.scaled_dot_product_attention = _stack.pop()._prev
-
-    def _count(self, outcome: str, reason: str | None = None) -> None:
-        self._stats.add(outcome, reason)
-        _totals.add(outcome, reason)
 
     def _make_fn(self) -> Any:
         def scaled_dot_product_attention(
@@ -113,6 +123,17 @@ class SdpaPatch:
         )
         return scaled_dot_product_attention
 
+    def native(self, query, key, value, attn_mask, is_causal, scale, enable_gqa) -> torch.Tensor:
+        kw = {"attn_mask": attn_mask, "is_causal": is_causal, "scale": scale}
+        return self._prev(query, key, value, **kw, **({"enable_gqa": True} if enable_gqa else {}))
+
+    def run(self, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        _local.busy = True  # SDPA calls made while computing go to the previous function
+        try:
+            return super().run(*args)
+        finally:
+            _local.busy = False
+
     def _call(
         self,
         query: torch.Tensor,
@@ -124,43 +145,54 @@ class SdpaPatch:
         scale: float | None = None,
         enable_gqa: bool = False,
     ) -> torch.Tensor:
+        # Traced by Dynamo under torch.compile: the checks below are static facts of the call (they
+        # become guards); every decision that depends on run-time state happens in the ops.
         args = (query, key, value)
         kw = {"attn_mask": attn_mask, "dropout_p": dropout_p, "is_causal": is_causal, "scale": scale}
         if enable_gqa:
             kw["enable_gqa"] = True
-        if not self._active or _busy():
+        if not self._active or (not torch.compiler.is_compiling() and _busy()):
             return self._prev(*args, **kw)
-        _local.busy = True
-        try:
-            reason = unsupported_reason(*args, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-            if reason is not None:
-                self._count("fallback", reason)
-                return self._prev(*args, **kw)
-            self._stats.saw_mask(attn_mask)
-            _totals.saw_mask(attn_mask)
-            method = self.method
-            if self.policy is not None and self.policy.route(query.shape[-2], key.shape[-2]):
-                self._count("high_precision")
-                if self.policy.high_precision == NATIVE:
-                    return self._prev(*args, **kw)
-                method = self.policy.high_precision_method
-            else:
-                self._count("routed")
-            return mx_sdpa(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, method=method)  # type: ignore[return-value]
-        finally:
-            _local.busy = False
+        reason = unsupported_reason(*args, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        if reason is None and self.autograd == "torch" and tracks_grad(*args):
+            reason = "autograd"
+        if reason is not None:
+            self.note_fallback(reason)
+            return self._prev(*args, **kw)
+        scale_ = None if scale is None else float(scale)
+        out, _ = routed_sdpa(
+            query, key, value, attn_mask, is_causal, scale_, enable_gqa, False, self.token, None
+        )
+        return out
 
 
 def patch_sdpa(
-    method: str | AttentionConfig = "mxattention", policy: PrecisionPolicy | None = None
+    method: str | AttentionConfig = "mxattention",
+    policy: PrecisionPolicy | None = None,
+    *,
+    strict: bool = False,
+    autograd: str = "error",
 ) -> SdpaPatch:
-    """A context manager routing torch's SDPA through mxattention's `method` (see the module docstring)."""
-    return SdpaPatch(method, policy)
+    """A context manager routing torch's SDPA through mxattention's `method` (see the module docstring).
+
+    `strict`: raise `FallbackError` for a call the 4-bit path cannot serve, instead of running torch's
+    SDPA with a warning. `autograd`: "error" (default) quantizes calls that track gradients too, and a
+    backward through them raises `InferenceOnlyError`; "torch" runs torch's SDPA for those calls.
+    """
+    return SdpaPatch(method, policy, strict=strict, autograd=autograd)
 
 
-def enable(method: str | AttentionConfig = "mxattention", policy: PrecisionPolicy | None = None) -> SdpaPatch:
-    """Install a patch until `disable()`; returns it (for its `stats()`)."""
-    patch = SdpaPatch(method, policy).__enter__()
+def enable(
+    method: str | AttentionConfig = "mxattention",
+    policy: PrecisionPolicy | None = None,
+    *,
+    strict: bool = False,
+    autograd: str = "error",
+) -> SdpaPatch:
+    """Install a patch until `disable()` (options as `patch_sdpa`); returns it (for its `stats()`)."""
+    patch = SdpaPatch(method, policy, strict=strict, autograd=autograd)
+    patch.label = f"mxattention.enable({patch.method.name!r})"
+    patch.__enter__()
     with _lock:
         _enabled.append(patch)
     return patch

@@ -3,21 +3,26 @@
 Exposes `sdpa_op(query, key, value, attn_mask, is_causal, scale, enable_gqa, cfg_key)` (the op),
 `config_key(cfg)` / `config_from_key(key)` (an `AttentionConfig`, or a preset's name, as the op's
 string argument) and
-`kernel_plan(cfg, query, key, value)` (None if the fused kernels run it, else the reason they do not).
+`kernel_plan(cfg, query, key, value)` (None if the fused kernels run it, else the reason they do not),
+`InferenceOnlyError` and `no_backward` (the op that raises it when a backward reaches a 4-bit call).
 
 The choice between the fused kernels and the PyTorch reference happens inside the op at run time,
 so a compiled graph holds a single node whatever the device, and the reference's one warning per
-reason is issued there, outside the traced code. `register_fake` gives the output shapes.
+reason is issued there, outside the traced code, attributed to the user's line. `register_fake`
+gives the output shapes. The op is inference-only: its registered backward is the `no_backward` op,
+which raises `InferenceOnlyError` when a backward pass runs (not when one is traced: a compiled
+forward of inputs that require grad compiles and runs; only `.backward()` fails).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import warnings
+from collections.abc import Sequence
 
 import torch
 
+from mxattention._callsite import warn_at_call_site
 from mxattention.attention.config import AttentionConfig, get_method
 from mxattention.attention.inputs import check_mask, check_qkv
 from mxattention.attention.sdpa import sdpa_reference
@@ -28,6 +33,23 @@ _WARNED: set[str] = set()
 
 class ReferenceFallbackWarning(UserWarning):
     """The fused kernels cannot run a call; the PyTorch reference (exact, slow) computes it."""
+
+
+class InferenceOnlyError(NotImplementedError):
+    """A backward pass reached a 4-bit attention call: the 4-bit path has no gradient (a RuntimeError)."""
+
+
+def inference_only_message(where: str) -> str:
+    """The error text for a backward through `where` (a function or a patch, as the user wrote it)."""
+    return (
+        f"{where}: a backward pass reached a 4-bit attention call; the 4-bit path is inference-only "
+        "(it has no backward). For training or fine-tuning, run torch's SDPA for the calls that track "
+        "gradients: patch_sdpa(..., autograd='torch'), enable(..., autograd='torch') or "
+        "register_diffusers_backend(..., autograd='torch'), or call "
+        "torch.nn.functional.scaled_dot_product_attention instead of "
+        "mxattention.scaled_dot_product_attention. For inference, run the model under torch.no_grad() "
+        "or torch.inference_mode()."
+    )
 
 
 @torch.compiler.assume_constant_result
@@ -53,11 +75,37 @@ def kernel_plan(
 def _warn_once(reason: str) -> None:
     if reason not in _WARNED:
         _WARNED.add(reason)
-        warnings.warn(
+        warn_at_call_site(
             f"mxattention: using the PyTorch reference, not the fused kernels: {reason}.",
             ReferenceFallbackWarning,
-            stacklevel=4,
         )
+
+
+@torch.library.custom_op("mxattention::no_backward", mutates_args=())
+def no_backward(
+    grad: torch.Tensor, q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int], where: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward of a 4-bit call: raises `InferenceOnlyError` (its fake gives q / k / v-shaped
+    gradients, so a forward that tracks gradients still compiles)."""
+    raise InferenceOnlyError(inference_only_message(where))
+
+
+@no_backward.register_fake
+def _no_backward_fake(grad, q_shape, k_shape, v_shape, where):
+    return grad.new_empty(q_shape), grad.new_empty(k_shape), grad.new_empty(v_shape)
+
+
+def register_inference_only(op, where: str) -> None:
+    """Give the custom op `op` (q, k, v first; outputs first O) a backward that raises."""
+
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.shapes = [list(t.shape) for t in inputs[:3]]
+
+    def backward(ctx, grad_out, *rest):
+        dq, dk, dv = no_backward(grad_out, *ctx.shapes, where)
+        return (dq, dk, dv, *(None for _ in range(len(op._opoverload._schema.arguments) - 3)))
+
+    op.register_autograd(backward, setup_context=setup_context)
 
 
 @torch.library.custom_op("mxattention::sdpa", mutates_args=())
@@ -90,3 +138,6 @@ def _sdpa_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa, cfg_k
     b, hq, lq, _ = query.shape
     out = query.new_empty((b, hq, lq, value.shape[-1]))
     return out, query.new_empty((b, hq, lq), dtype=torch.float32)
+
+
+register_inference_only(sdpa_op, "mxattention.scaled_dot_product_attention")

@@ -8,8 +8,6 @@ all-MXFP4 method without smoothing, and otherwise the reference, warning once pe
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from mxattention.attention.config import AttentionConfig, get_method
@@ -40,7 +38,7 @@ def scaled_dot_product_attention(
     shapes = check_qkv(query, key, value, enable_gqa)
     check_scalars(dropout_p, scale)
     check_mask(attn_mask, shapes, query, is_causal)
-    scale_ = 1.0 / math.sqrt(shapes.head_dim) if scale is None else float(scale)
+    scale_ = shapes.default_scale() if scale is None else float(scale)
     # A preset travels as its name: a plain string constant for torch.compile (torch 2.11's dynamo
     # cannot rebuild a frozen dataclass to call config_key on it).
     key_ = method if isinstance(method, str) else config_key(cfg)

@@ -8,7 +8,7 @@ import torch
 
 import mxattention.attention.reference as reference_module
 from mxattention.attention.config import AttentionConfig, get_method
-from mxattention.attention.reference import reference_attention
+from mxattention.attention.reference import cast_output, reference_attention
 from mxattention.kernels.fused import fused_attention
 
 
@@ -86,7 +86,7 @@ def compare(
     qf = q.to(device).float()
     full_mask = None if full_mask is None else full_mask.to(device)
     ref_out, ref_lse, p_ref = _recorded_reference(qf, kr, vr, cfg, full_mask, is_causal, scale)
-    ref_out = ref_out.to(q.dtype).float()  # the public function returns the input dtype
+    ref_out = cast_output(ref_out, q.dtype).float()  # the public function returns the input dtype
     fp_out, _ = reference_attention(
         qf, kr, vr, get_method("fp"), mask=full_mask, is_causal=is_causal, scale=scale
     )

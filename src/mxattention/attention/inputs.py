@@ -6,6 +6,7 @@ silently (the only conversion is the exact upcast of fp16 / bf16 operands to fp3
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,24 @@ class Shapes:
     kv_len: int
     head_dim: int
     v_dim: int
+
+    @property
+    def empty(self) -> bool:
+        """A zero-size dim: the result is empty, or with no keys O = 0 and lse = -inf, or with
+        head_dim 0 every score 0 (as torch SDPA: O = the mean of V^)."""
+        return 0 in (
+            self.batch,
+            self.q_heads,
+            self.kv_heads,
+            self.q_len,
+            self.kv_len,
+            self.head_dim,
+            self.v_dim,
+        )
+
+    def default_scale(self) -> float:
+        """torch's 1/sqrt(head_dim); with head_dim 0 every score is 0 under any scale."""
+        return 1.0 / math.sqrt(self.head_dim) if self.head_dim else 1.0
 
 
 def check_qkv(query: object, key: object, value: object, enable_gqa: bool) -> Shapes:
@@ -57,16 +76,15 @@ def check_qkv(query: object, key: object, value: object, enable_gqa: bool) -> Sh
     if lk != lv:
         raise ValueError(f"key and value must have the same seq_len, got {lk} and {lv}")
     if hq != hk:
+        if hk == 0:
+            raise ValueError(f"key/value have 0 heads but query has {hq}")
         if not enable_gqa:
             raise ValueError(
                 f"query has {hq} heads and key/value {hk}: pass enable_gqa=True for grouped-query attention"
             )
         if hq % hk:
             raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hk}) for GQA")
-    if min(lq, lk, d, dv) == 0 or b == 0 or hq == 0:
-        raise ValueError(
-            f"empty dimension in query {tuple(query.shape)} / key {tuple(key.shape)} / value {tuple(value.shape)}"
-        )
+    # Zero-size dims are accepted, as torch SDPA accepts them: see `Shapes.empty`.
     return Shapes(b, hq, hk, lq, lk, d, dv)
 
 

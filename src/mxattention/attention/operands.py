@@ -71,7 +71,7 @@ def prepare_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: Att
         q_mean = q_block_means(q, cfg.smooth_q_block)
         q = q - q_mean
         k_smooth_t = k.transpose(-1, -2)
-    if cfg.hadamard:
+    if cfg.hadamard and q.shape[-1]:  # an empty head dim has nothing to rotate
         q, k = rotate(q), rotate(k)
     return Operands(
         quantize(q, cfg.q, -1), quantize(k, cfg.k, -1), quantize(v, cfg.v, -2), q_mean, k_smooth_t, k_mean

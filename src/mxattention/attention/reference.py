@@ -109,8 +109,10 @@ def reference_attention(
     Returns (O [B, H, Lq, Dv] float32, lse [B, H, Lq] float32, natural log; -inf and O = 0 for
     rows with no key to attend to).
     """
+    b, h, lq, _ = query.shape
+    if lq == 0:
+        return query.new_zeros((b, h, 0, value.shape[-1])), query.new_zeros((b, h, 0))
     ops = prepare_operands(query, key, value, cfg)
-    b, h, lq, _ = ops.q.shape
     budget = MAX_TILE_ELEMENTS if max_tile_elements is None else max_tile_elements
     rows = max(1, min(lq, budget // max(1, b * h * cfg.block_n)))
     outs, lses = [], []
@@ -121,7 +123,7 @@ def reference_attention(
         outs.append(torch.where(empty, torch.zeros_like(o), o / torch.where(empty, 1.0, l)))
         lses.append(torch.where(empty, -float("inf"), m + torch.log(torch.where(empty, 1.0, l))).squeeze(-1))
     lse = torch.cat(lses, dim=-1)
-    if ops.k_mean is not None:
+    if ops.k_mean is not None and key.shape[-2]:  # (no keys: no mean, and lse stays -inf)
         # K smoothing took q . k_mean * scale off every score of a row; the lse of the scores the
         # caller gave (what a merge of key chunks with different means needs) adds it back.
         lse = lse + ((query @ ops.k_mean.transpose(-1, -2)).squeeze(-1) * scale)

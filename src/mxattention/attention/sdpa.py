@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from mxattention.attention.config import AttentionConfig, get_method
@@ -37,7 +35,7 @@ def sdpa_reference(
     shapes = check_qkv(query, key, value, enable_gqa)
     check_scalars(dropout_p, scale)
     mask = check_mask(attn_mask, shapes, query, is_causal)
-    scale_ = 1.0 / math.sqrt(shapes.head_dim) if scale is None else float(scale)
+    scale_ = shapes.default_scale() if scale is None else float(scale)
     k, v = key.float(), value.float()
     if shapes.q_heads != shapes.kv_heads:
         group = shapes.q_heads // shapes.kv_heads

@@ -64,7 +64,7 @@ def _nvfp4(x: torch.Tensor, axis: int, two_level: bool):
     amax_b = xb.abs().amax(dim=-1)
     bad = ~torch.isfinite(amax_b)
     if two_level:
-        amax_t = xb.abs().amax()
+        amax_t = xb.abs().amax() if xb.numel() else xb.new_zeros(())  # torch refuses an empty amax()
         if not torch.isfinite(amax_t):
             bad = torch.ones_like(bad)
         s_t = torch.where(amax_t > 0, amax_t / (F8_E4M3_MAX * F4_E2M1_MAX), torch.ones_like(amax_t))

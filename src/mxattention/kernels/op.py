@@ -121,6 +121,11 @@ def sdpa_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(O [B, Hq, Lq, Dv] in query's dtype, lse [B, Hq, Lq] fp32) of the method `cfg_key` names."""
     cfg = config_from_key(cfg_key)
+    if 0 in (*query.shape, *key.shape, *value.shape):
+        # Zero-size dims: nothing for the kernels to do; the reference returns torch SDPA's result.
+        return sdpa_reference(
+            query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, method=cfg, return_lse=True
+        )
     reason = kernel_plan(cfg, query, key, value) or scale_reason(scale)
     if reason is not None:
         _warn_once(reason)

@@ -115,3 +115,16 @@ def test_eval_bad_arguments(tmp_path, capsys):
     assert main(["eval", "--pipeline", str(tmp_path / "nowhere"), "--prompts", str(p), "--no-progress"]) == 1
     assert "could not load the pipeline" in capsys.readouterr().err
     assert main(["eval", "--pipeline", "x", "--prompts", str(p), "--policy", "wan22"]) == 2
+
+
+def test_eval_size_the_pipeline_refuses(tiny_ldm, tmp_path, capsys):
+    """LDM needs height and width divisible by 8: its own check becomes one usage line, nothing written."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cube\n")
+    out = tmp_path / "report"
+    argv = ["eval", "--pipeline", str(tiny_ldm), "--prompts", str(prompts), "--steps", "2"]
+    argv += ["--height", "30", "--width", "16", "--dtype", "float32", "--out", str(out), "--no-progress"]
+    assert main(argv) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(err) == 1 and "--height" in err[0] and "divisible by 8" in err[0]
+    assert not out.exists()

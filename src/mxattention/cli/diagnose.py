@@ -12,7 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
+
+from mxattention.cli._args import (
+    check_in_file,
+    check_methods,
+    check_out_file,
+    methods_help,
+    rule,
+    write_parents,
+)
 
 NAME = "diagnose"
 HELP = "row-sum study, q sweep and per-method errors on saved Q/K/V or live model captures"
@@ -20,30 +28,72 @@ HELP = "row-sum study, q sweep and per-method errors on saved Q/K/V or live mode
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--tensors", type=Path, help="a torch .pt file: dict with q, k, v (or a list of them)")
     src.add_argument(
-        "--model", choices=["terrain", "minilm"], help="capture the attention layers of a bundled model"
+        "--tensors", metavar="FILE.pt", help="a torch.save file: a dict with q, k, v (or a list of them)"
+    )
+    src.add_argument(
+        "--model",
+        choices=["terrain", "minilm"],
+        help="capture the attention layers of a bundled model (terrain: 28 layers, minilm: 6)",
     )
     parser.add_argument(
         "--methods",
         nargs="+",
         default=["mxfp4-ocp", "mxattention", "nvfp4"],
-        help="methods to compare with fp",
+        help=methods_help("methods to compare with fp"),
     )
     parser.add_argument(
-        "--rule", default="ocp", help="MX rule of the row-sum study (default ocp: the direct baseline)"
+        "--rule",
+        type=rule,
+        default="ocp",
+        help="MX rule of the row-sum study: ocp (the direct baseline), tfs, uos or a boundary q such as 7.25",
     )
-    parser.add_argument("--json", type=Path, help="write every number to this JSON file")
+    parser.add_argument("--json", metavar="PATH", help="write every number to this JSON file (default: none)")
     parser.add_argument(
-        "--plot", type=Path, help="save the row-sum figure (Figure 7) of the first layer to this PNG"
+        "--plot",
+        metavar="PATH",
+        help="save the row-sum figure (Figure 7) of the first layer to this PNG (default: none)",
     )
+
+
+def load_tensors(parser: argparse.ArgumentParser, value: str) -> list:
+    """The layers of a --tensors file, checked (one usage error naming the item and what is wrong)."""
+    import torch
+
+    from mxattention.attention.inputs import check_mask, check_qkv
+    from mxattention.eval.models.qkv import LayerQKV
+
+    path = check_in_file(parser, "--tensors", value)
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch.load raises many types (UnpicklingError, RuntimeError, KeyError...)
+        parser.error(f"--tensors {path}: not a file written by torch.save ({type(exc).__name__})")
+    items = obj if isinstance(obj, list) else [obj]
+    if not items:
+        parser.error(f"--tensors {path}: the list holds no layer")
+    layers = []
+    for i, d in enumerate(items):
+        where = f"--tensors {path}: " + (f"item {i}" if isinstance(obj, list) else "the object")
+        if not isinstance(d, dict) or not {"q", "k", "v"} <= set(d):
+            got = f"keys {', '.join(map(str, d))}" if isinstance(d, dict) else type(d).__name__
+            parser.error(f"{where} must be a dict with keys q, k, v (optional attn_mask, scale), got {got}")
+        try:
+            q, k, v = (d[n].float() if isinstance(d[n], torch.Tensor) else d[n] for n in ("q", "k", "v"))
+            shapes = check_qkv(q, k, v, enable_gqa=False)
+            mask = d.get("attn_mask")
+            if mask is not None and mask.dtype != torch.bool:
+                raise TypeError(f"attn_mask must be a bool tensor (True = attend), got {mask.dtype}")
+            check_mask(mask, shapes, q, is_causal=False)
+            scale = d.get("scale")
+            if scale is not None and (isinstance(scale, bool) or not isinstance(scale, int | float)):
+                raise TypeError(f"scale must be a number or None, got {type(scale).__name__}")
+        except (TypeError, ValueError, AttributeError) as exc:
+            parser.error(f"{where}: {exc}")
+        layers.append(LayerQKV(f"layer{i}", q, k, v, mask, None if scale is None else float(scale)))
+    return layers
 
 
 def _load_layers(args: argparse.Namespace):
-    import torch
-
-    from mxattention.eval.models.qkv import LayerQKV
-
     if args.model == "terrain":
         from mxattention.eval.models.terrain import capture_terrain_qkv
 
@@ -52,32 +102,18 @@ def _load_layers(args: argparse.Namespace):
         from mxattention.eval.models.minilm import capture_minilm_qkv, sample_texts
 
         return capture_minilm_qkv(sample_texts(8))
-    if not args.tensors.is_file():
-        args.parser.error(f"--tensors {args.tensors}: no such file")
-    obj = torch.load(args.tensors, map_location="cpu", weights_only=True)
-    items = obj if isinstance(obj, list) else [obj]
-    layers = []
-    for i, d in enumerate(items):
-        if not isinstance(d, dict) or not {"q", "k", "v"} <= set(d):
-            args.parser.error(f"--tensors {args.tensors}: item {i} must be a dict with keys q, k, v")
-        layers.append(
-            LayerQKV(
-                f"layer{i}",
-                d["q"].float(),
-                d["k"].float(),
-                d["v"].float(),
-                d.get("attn_mask"),
-                d.get("scale"),
-            )
-        )
-    return layers
+    return args.layers
 
 
 def run(args: argparse.Namespace) -> int:
-    from mxattention.cli._args import check_methods
+    parser = args.parser
+    check_methods(parser, args.methods)
+    json_path = check_out_file(parser, "--json", args.json, (".json",))
+    plot_path = check_out_file(parser, "--plot", args.plot, (".png", ".pdf", ".svg"))
+    args.layers = load_tensors(parser, args.tensors) if args.tensors is not None else None
+
     from mxattention.eval.diagnostics import method_errors, q_sweep, rowsum_study
 
-    check_methods(args.parser, args.methods)
     try:
         layers = _load_layers(args)
     except ImportError as exc:
@@ -108,17 +144,16 @@ def run(args: argparse.Namespace) -> int:
             f"{lay.name:10s} {tuple(lay.q.shape)!s:>20s} {st.mean_row_sum:12.4f} {'/'.join(f'{b:.2f}' for b in best):>20s}  "
             + "  ".join(f"{e.rel_l2:14.4f}" for e in errs)
         )
-        if i == 0 and args.plot:
+        if i == 0 and plot_path is not None:
             from mxattention.eval.plots import plot_rowsums
 
             plot_rowsums(
                 st.row_sums,
                 st.entropy,
                 st.global_row_sums,
-                args.plot,
+                write_parents(plot_path),
                 title=f"{lay.name} {tuple(lay.q.shape)}",
             )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=1))
+    if json_path is not None:
+        write_parents(json_path).write_text(json.dumps(results, indent=1))
     return 0

@@ -15,6 +15,18 @@ import argparse
 import sys
 from pathlib import Path
 
+from mxattention.cli._args import (
+    check_in_file,
+    check_methods,
+    check_out_dir,
+    check_unique,
+    device_arg,
+    finite_float,
+    int_in,
+    methods_help,
+    seed_arg,
+)
+
 NAME = "eval"
 HELP = "paired-seed quality report of a diffusers pipeline: FP vs each method, with frame grids"
 
@@ -24,43 +36,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pipeline", required=True, help="a local pipeline folder, or a model id in the local cache"
     )
     parser.add_argument("--prompts", required=True, type=Path, help="text file, one prompt per line")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--methods", nargs="+", default=["mxfp4-ocp", "nvfp4", "mxattention"])
+    parser.add_argument("--seeds", type=seed_arg, nargs="+", default=[0], help="seeds, paired across methods")
+    parser.add_argument(
+        "--methods", nargs="+", default=["mxfp4-ocp", "nvfp4", "mxattention"], help=methods_help()
+    )
     parser.add_argument(
         "--reference", default="fp-native", help="fp-native (the pipeline's own attention) or a method"
     )
     parser.add_argument(
-        "--steps", type=int, default=None, help="num_inference_steps (default: the pipeline's)"
+        "--steps", type=int_in(1), default=None, help="num_inference_steps (default: the pipeline's)"
     )
-    parser.add_argument("--height", type=int)
-    parser.add_argument("--width", type=int)
-    parser.add_argument("--num-frames", type=int, help="frames, for video pipelines")
-    parser.add_argument("--guidance", type=float, help="guidance_scale")
+    parser.add_argument(
+        "--height",
+        type=int_in(1),
+        help="image height in pixels, as the pipeline allows: a multiple of 8 for LDM and Stable Diffusion, "
+        "16 for Wan, HunyuanVideo and SD3 (default: the pipeline's)",
+    )
+    parser.add_argument(
+        "--width", type=int_in(1), help="image width in pixels, as --height (default: the pipeline's)"
+    )
+    parser.add_argument(
+        "--num-frames", type=int_in(1), help="frames, for video pipelines (default: the pipeline's)"
+    )
+    parser.add_argument("--guidance", type=finite_float, help="guidance_scale (default: the pipeline's)")
     parser.add_argument(
         "--policy",
         choices=["none", "wan22"],
         default="none",
         help="wan22: block 0 and the last 2 steps in high precision",
     )
-    parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
-    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    parser.add_argument("--out", type=Path, default=Path("reports/eval"))
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16", help="pipeline dtype"
+    )
+    parser.add_argument(
+        "--device", type=device_arg, default=None, help="cpu, cuda or cuda:N (default: cuda when available)"
+    )
+    parser.add_argument(
+        "--out", default="reports/eval", help="report folder, created with its parents if missing"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from mxattention.cli._args import check_methods
-
-    check_methods(args.parser, [*args.methods, args.reference], extra=["fp-native"])
-    if not args.prompts.is_file():
-        args.parser.error(f"--prompts {args.prompts}: no such file")
-    prompts = [p.strip() for p in args.prompts.read_text().splitlines() if p.strip()]
+    check_methods(args.parser, args.methods, extra=["fp-native"])
+    check_methods(args.parser, [args.reference], extra=["fp-native"])
+    check_unique(args.parser, "--seeds", args.seeds)
+    out = check_out_dir(args.parser, "--out", args.out)
+    check_in_file(args.parser, "--prompts", args.prompts)
+    try:
+        prompts = [p.strip() for p in args.prompts.read_text(encoding="utf-8").splitlines() if p.strip()]
+    except UnicodeDecodeError:
+        args.parser.error(f"--prompts {args.prompts}: not a UTF-8 text file")
     if not prompts:
         args.parser.error(f"--prompts {args.prompts} holds no prompt")
-    if args.steps is not None and args.steps < 1:
-        args.parser.error("--steps must be >= 1")
     if args.policy == "wan22" and (args.steps is None or args.steps < 2):
         args.parser.error("--policy wan22 needs --steps >= 2 (it keeps the last 2 steps in high precision)")
     try:
@@ -80,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
             args.pipeline, torch_dtype=getattr(torch, args.dtype), local_files_only=True
         )
     except (OSError, ValueError) as exc:
-        print(f"mxattention eval: could not load the pipeline {args.pipeline!r}: {exc}", file=sys.stderr)
+        reason = " ".join(str(exc).split())
+        print(f"mxattention eval: could not load the pipeline {args.pipeline!r}: {reason}", file=sys.stderr)
         return 1
     pipe = pipe.to(device)
     if hasattr(pipe, "set_progress_bar_config"):
@@ -109,6 +140,11 @@ def run(args: argparse.Namespace) -> int:
             call_kwargs=call,
             progress=not args.no_progress,
         )
+    except ValueError as exc:  # the pipeline's own input check, raised by its first call
+        words = " ".join(str(exc).split())
+        if not any(w in words for w in ("height", "width", "num_frames")):
+            raise
+        args.parser.error(f"--height / --width / --num-frames: the pipeline refuses them: {words}")
     finally:
         if handle is not None:
             handle.remove()
@@ -120,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         "policy": policy.describe() if policy else "none",
         "seeds": args.seeds,
     }
-    path = write_report(res, args.out, meta=meta)
+    path = write_report(res, out, meta=meta)
     print(res.table())
     if policy is not None:
         print(policy.report())

@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from mxattention.cli._args import check_out_file, write_parents
 from mxattention.eval.plots import plot_figure2, theory_q_grid
 from mxattention.formats.ladders import LADDERS, get_ladder
 from mxattention.theory import (
@@ -45,11 +45,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=str.lower,
         choices=sorted(LADDERS),
         default="e2m1",
-        help="element ladder of the rule table and figure (default: e2m1)",
+        help="element ladder of the rule table and figure",
     )
     which.add_argument("--all-elems", action="store_true", help="print the rule table of every ladder")
-    parser.add_argument("--plot", metavar="PATH", help=f"save Figure 2 ({'/'.join(PLOT_SUFFIXES)})")
-    parser.add_argument("--json", metavar="PATH", help="write the numbers as JSON")
+    parser.add_argument(
+        "--plot",
+        metavar="PATH",
+        help=f"save Figure 2 ({'/'.join(PLOT_SUFFIXES)}); missing folders are created (default: no figure)",
+    )
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        help="write the numbers as JSON; missing folders are created (default: none)",
+    )
 
 
 def _interval_json(iv: Interval | None) -> dict[str, Any] | None:
@@ -132,24 +140,11 @@ def _format_boundaries() -> str:
     return "\n".join(lines)
 
 
-def _check_output(parser: argparse.ArgumentParser, option: str, value: str | None) -> Path | None:
-    if value is None:
-        return None
-    path = Path(value)
-    if not path.parent.is_dir():
-        parser.error(f"{option}: directory {str(path.parent)!r} does not exist")
-    if path.is_dir():
-        parser.error(f"{option}: {value!r} is a directory, give a file name")
-    return path
-
-
 def run(args: argparse.Namespace) -> int:
     """Run `mxattention theory`; returns the exit code."""
     parser: argparse.ArgumentParser = args.parser
-    plot_path = _check_output(parser, "--plot", args.plot)
-    json_path = _check_output(parser, "--json", args.json)
-    if plot_path is not None and plot_path.suffix.lower() not in PLOT_SUFFIXES:
-        parser.error(f"--plot: file name must end in one of {', '.join(PLOT_SUFFIXES)}, got {args.plot!r}")
+    plot_path = check_out_file(parser, "--plot", args.plot, PLOT_SUFFIXES)
+    json_path = check_out_file(parser, "--json", args.json)
     elems = sorted(LADDERS) if args.all_elems else [args.elem]
 
     report: dict[str, Any] = {"elems": {}, "optimal_boundaries": {}}
@@ -171,10 +166,10 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if json_path is not None:
-            json_path.write_text(json.dumps(report, indent=2) + "\n")
+            write_parents(json_path).write_text(json.dumps(report, indent=2) + "\n")
             print(f"wrote {json_path}")
         if plot_path is not None:
-            plot_figure2(plot_path, elems[0])
+            plot_figure2(write_parents(plot_path), elems[0])
             print(f"wrote {plot_path}")
     except ImportError as exc:
         print(

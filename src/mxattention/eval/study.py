@@ -93,9 +93,23 @@ def minilm_part(methods: Sequence[str], n_texts: int) -> dict:
     }
 
 
-def terrain_part(methods: Sequence[str], seeds: Sequence[int]) -> dict:
+def heightmap_quality(hm: torch.Tensor, ref: torch.Tensor) -> dict:
+    """PSNR (dB, data range = the fp map's) and SSIM of heightmaps [N, 1, H, W] against `ref`, per
+    seed and averaged (skimage metrics)."""
     from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
+    psnr, ssim = [], []
+    for a, b in zip(hm, ref, strict=True):
+        a_np, b_np = a[0].double().numpy(), b[0].double().numpy()
+        rng = float(b_np.max() - b_np.min()) or 1.0
+        psnr.append(
+            float("inf") if (a_np == b_np).all() else peak_signal_noise_ratio(b_np, a_np, data_range=rng)
+        )
+        ssim.append(structural_similarity(b_np, a_np, data_range=rng))
+    return {"psnr_db": statistics.fmean(psnr), "ssim": statistics.fmean(ssim), "psnr_per_seed": psnr}
+
+
+def terrain_part(methods: Sequence[str], seeds: Sequence[int]) -> dict:
     from mxattention.eval.models.terrain import capture_terrain_qkv, generate_heightmaps
 
     layers = capture_terrain_qkv(seeds[:1])
@@ -107,19 +121,7 @@ def terrain_part(methods: Sequence[str], seeds: Sequence[int]) -> dict:
     for m in tqdm(methods, desc="terrain heightmaps", leave=False):
         hm = ref if m == "fp" else generate_heightmaps(seeds, attn_fn=attn_fn_for(m))
         maps[m] = hm
-        psnr, ssim = [], []
-        for a, b in zip(hm, ref, strict=True):
-            a_np, b_np = a[0].double().numpy(), b[0].double().numpy()
-            rng = float(b_np.max() - b_np.min()) or 1.0
-            psnr.append(
-                float("inf") if (a_np == b_np).all() else peak_signal_noise_ratio(b_np, a_np, data_range=rng)
-            )
-            ssim.append(structural_similarity(b_np, a_np, data_range=rng))
-        quality[m] = {
-            "psnr_db": statistics.fmean(psnr),
-            "ssim": statistics.fmean(ssim),
-            "psnr_per_seed": psnr,
-        }
+        quality[m] = heightmap_quality(hm, ref)
     return {
         "seeds": list(seeds),
         "layers": [f"{lay.name} {tuple(lay.q.shape)}" for lay in layers],

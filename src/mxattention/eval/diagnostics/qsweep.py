@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mxattention.formats.ladders import get_ladder
 from mxattention.formats.mx import fake_quantize
 
 
@@ -26,18 +27,27 @@ class QSweep:
 
     @property
     def uos_gap(self) -> float:
-        """MSE(7.25) / MSE(best q) - 1: how far UOS is from this tensor's oracle."""
+        """MSE(UOS) / MSE(best q) - 1: how far UOS (7.25 for E2M1) is from this tensor's oracle."""
         return self.mse_uos / min(self.mse) - 1.0
 
 
-def q_sweep(x: torch.Tensor, axis: int = -1, grid: list[float] | None = None) -> QSweep:
-    """MSE of MXFP4 quantization of `x` along `axis` for each ceil boundary q of `grid`."""
-    grid = grid or q_grid()
+def ladder_q_grid(elem: str = "e2m1", steps: int = 40) -> list[float]:
+    """`steps` + 1 boundaries from the ladder's max to 2**(emax + 1), where q lives (6.00..8.00 step
+    0.05 for E2M1; E4M3 448..512 step 1.6); each ladder's UOS boundary is on or next to a point."""
+    lad = get_ladder(elem)
+    lo, hi = lad.max_value, 2.0 ** (lad.emax + 1)
+    return [round(lo + i * (hi - lo) / steps, 10) for i in range(steps + 1)]
+
+
+def q_sweep(x: torch.Tensor, axis: int = -1, grid: list[float] | None = None, elem: str = "e2m1") -> QSweep:
+    """MSE of MX quantization (element ladder `elem`) of `x` along `axis` for each ceil boundary q
+    of `grid` (default `ladder_q_grid(elem)`, for E2M1 the same points as `q_grid()`)."""
+    grid = grid or ladder_q_grid(elem)
     xf = x.float()
     denom = xf.numel()
 
     def mse(rule) -> float:
-        return float(((fake_quantize(xf, axis, rule=rule) - xf) ** 2).sum() / denom)
+        return float(((fake_quantize(xf, axis, rule=rule, elem=elem) - xf) ** 2).sum() / denom)
 
     errs = [mse(q) for q in grid]
     best = grid[min(range(len(grid)), key=errs.__getitem__)]

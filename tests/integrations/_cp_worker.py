@@ -2,7 +2,7 @@
 
 Runs the tiny Wan transformer with diffusers' ContextParallelConfig (ring / Ulysses, degree 2) on the
 mxattention backends, on CPU through gloo or one GPU a rank through NCCL, and saves rank 0's outputs
-(on the CPU) and policy counts to `<path>/rank0.pt`.
+(on the CPU) and policy counts to `<path>/rank0.pt`; last, one ring case eager and compiled (aot_eager).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def run(rank: int, world_size: int, path: str, device_type: str = "cpu", dtype_n
     try:
         from diffusers import ContextParallelConfig
 
-        from mxattention.integrations import PrecisionPolicy, register_diffusers_backend
+        from mxattention.integrations import PrecisionPolicy, backend_stats, register_diffusers_backend
         from tests.integrations import tiny_models
 
         dtype = getattr(torch, dtype_name)
@@ -55,6 +55,23 @@ def run(rank: int, world_size: int, path: str, device_type: str = "cpu", dtype_n
                 results[label] = model(**inputs)[0].float().cpu()
             if policy is not None:
                 results[label + "_counts"] = policy.counts()
+        # Compiled ring attention with a policy keeping block 0: the decision is made once per call at
+        # run time (mxattention::route_decide); same output as eager, counts of both runs.
+        policy = PrecisionPolicy(layers={0})
+        backend_name = register_diffusers_backend(
+            "mxattention", name="mxattention_cp_compiled", policy=policy
+        )
+        model = tiny_models.wan().to(device, dtype)
+        model.set_attention_backend(backend_name)
+        model.enable_parallelism(config=ContextParallelConfig(ring_degree=2))
+        policy.attach(model)
+        inputs = tiny_models.to(tiny_models.wan_inputs(), device, dtype)
+        with torch.no_grad():
+            results["ring_policy_eager"] = model(**inputs)[0].float().cpu()
+            results["ring_policy_compiled"] = (
+                torch.compile(model, backend="aot_eager")(**inputs)[0].float().cpu()
+            )
+        results["ring_policy_stats"] = backend_stats(backend_name)
         if rank == 0:
             torch.save(results, f"{path}/rank0.pt")
     finally:

@@ -143,6 +143,10 @@ def _check_cp(got, ref, tol):
         assert rel_l2(got[label], ref["native"]) <= tol, label
         counts = got[label + "_counts"]
         assert counts["quantized"] == 0 and counts["high_precision"] == 4, label
+    # Compiled: the ring's per-call decision at run time; eager and compiled runs counted alike.
+    assert torch.equal(got["ring_policy_compiled"], got["ring_policy_eager"])
+    stats = got["ring_policy_stats"]
+    assert stats["routed"] == stats["high_precision"] == 4 and stats["fallback"] == 0
 
 
 @pytest.mark.distributed

@@ -30,9 +30,9 @@ counts and computes at run time: the counts are of executed calls, the output th
 
 Context parallelism: `supports_context_parallel=True`. Ring attention calls the forward op once per
 key chunk with `return_lse=True` and merges the (out, lse) pairs; Ulysses calls it once on all keys of
-a head subset. The method of each call is decided once (the op `mxattention::route_decide`, at run time
-also when compiled) and passed to every chunk's forward op. Full-precision methods merge to the single-device result up to fp32 rounding. Quantized
-methods quantize P~ against the running max of the keys seen, so ring results depend on the split
+a head subset. The method of each call is decided once (the op `mxattention::route_decide`, at run
+time also when compiled) and passed to every chunk's forward op. Full-precision methods merge to the
+single-device result up to fp32 rounding. Quantized methods quantize P~ against the running max of the keys seen, so ring results depend on the split
 (the PNQ row sums stay exactly one); Ulysses results do not. Inference only: the backward op raises
 `InferenceOnlyError`; with `autograd="torch"`, calls that track gradients run diffusers' native
 context-parallel attention (Ulysses only: it has no log-sum-exp for the ring).

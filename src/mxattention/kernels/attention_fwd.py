@@ -46,10 +46,12 @@ from mxattention.kernels.cast import (
     ladder_code,
     pack_nibbles,
 )
+from mxattention.kernels.prepass import varlen_v_start
 
 MATRIX_PATHS = ("bf16", "dot_scaled")
 LOG2E = 1.0 / math.log(2.0)
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
+GRID_Z_MAX = 65535  # CUDA's third grid axis: varlen launches hold at most this many sequences
 
 
 @triton.jit
@@ -71,24 +73,49 @@ def _mask_scores(
 
 
 @triton.jit
+def _load(ptrs, ok, other, MASKED: tl.constexpr):
+    """tl.load, with `other` where not `ok` only if MASKED (else unmasked)."""
+    if MASKED:
+        x = tl.load(ptrs, mask=ok, other=other)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _v_codes(Vc, Vs, v_rows, start, Lk, NC: tl.constexpr, MASKED: tl.constexpr):
+    """Packed V^ codes [DV, NC / 2] and scales [DV, NC / 32] of keys [start, start + NC); MASKED:
+    keys past Lk read as zeros (codes 0, scale 1), the bytes of a dense call's padding."""
+    pairs_in = (start + 2 * tl.arange(0, NC // 2) < Lk)[None, :]
+    codes = _load(Vc + v_rows // 2 + (start // 2 + tl.arange(0, NC // 2))[None, :], pairs_in, 0, MASKED)
+    blocks_in = (start + 32 * tl.arange(0, NC // 32) < Lk)[None, :]
+    scales = _load(
+        Vs + v_rows // 32 + (start // 32 + tl.arange(0, NC // 32))[None, :], blocks_in, 127, MASKED
+    )
+    return codes, scales
+
+
+@triton.jit
 def _v_hat(
     Vx,
     Vc,
     Vs,
-    k_base,
+    v_base,
     v_rows,
     start,
+    Lk,
     NC: tl.constexpr,
     DV: tl.constexpr,
     KV_BF16: tl.constexpr,
     DOT_T: tl.constexpr,
+    MASKED: tl.constexpr = False,
 ):
-    """V^ keys [start, start + NC) as a [NC, DV] dot operand."""
+    """V^ keys [start, start + NC) as a [NC, DV] dot operand (MASKED: zeros past Lk)."""
     if KV_BF16:
-        keys = k_base + start + tl.arange(0, NC)[:, None]
-        return tl.load(Vx + keys * DV + tl.arange(0, DV)[None, :]).to(DOT_T)
-    codes = tl.load(Vc + v_rows // 2 + (start // 2 + tl.arange(0, NC // 2))[None, :])
-    scales = tl.load(Vs + v_rows // 32 + (start // 32 + tl.arange(0, NC // 32))[None, :])
+        keys = v_base + start + tl.arange(0, NC)[:, None]
+        keys_in = start + tl.arange(0, NC)[:, None] < Lk
+        return _load(Vx + keys * DV + tl.arange(0, DV)[None, :], keys_in, 0.0, MASKED).to(DOT_T)
+    codes, scales = _v_codes(Vc, Vs, v_rows, start, Lk, NC, MASKED)
     return tl.trans(dequant_e2m1(codes, scales, DV, NC).to(DOT_T))
 
 
@@ -109,6 +136,7 @@ def _attend_tile(
     Kx,
     Vx,
     k_base,
+    v_base,
     v_rows,
     Pdbg,
     dbg_row,
@@ -134,21 +162,25 @@ def _attend_tile(
     DOT_T: tl.constexpr,
     KV_BF16: tl.constexpr,
     ABLATE: tl.constexpr,
+    VARLEN: tl.constexpr = False,
 ):
     """One key tile of Algorithm 1: (m, l, o_tilde) after keys [start_n, start_n + BN).
 
     MASKED = False is the fast path for tiles whose keys are all valid for every row (no padding,
-    causal or user mask): the scores skip the select, the only difference.
+    causal or user mask): the scores skip the select, the only difference. VARLEN and MASKED: the
+    keys past Lk belong to the next sequence (or to no one), so K^ and V^ load zeros there.
     """
+    CLIP: tl.constexpr = VARLEN and MASKED
     offs_n = start_n + tl.arange(0, BN)
     k_rows = k_base + offs_n[:, None]
+    k_in = offs_n[:, None] < Lk
     if not KV_BF16:
-        k_codes = tl.load(Kc + k_rows * (DQ // 2) + tl.arange(0, DQ // 2)[None, :])
-        k_scales = tl.load(Ks + k_rows * (DQ // 32) + tl.arange(0, DQ // 32)[None, :])
+        k_codes = _load(Kc + k_rows * (DQ // 2) + tl.arange(0, DQ // 2)[None, :], k_in, 0, CLIP)
+        k_scales = _load(Ks + k_rows * (DQ // 32) + tl.arange(0, DQ // 32)[None, :], k_in, 127, CLIP)
     if DOT_SCALED:
         s = tl.dot_scaled(q_codes, q_scales, "e2m1", tl.trans(k_codes), k_scales, "e2m1")
     elif KV_BF16:
-        k_hat = tl.load(Kx + k_rows * DQ + tl.arange(0, DQ)[None, :]).to(DOT_T)
+        k_hat = _load(Kx + k_rows * DQ + tl.arange(0, DQ)[None, :], k_in, 0.0, CLIP).to(DOT_T)
         s = tl.dot(q_hat, tl.trans(k_hat))
     else:
         s = tl.dot(q_hat, tl.trans(dequant_e2m1(k_codes, k_scales, BN, DQ).to(DOT_T)))
@@ -189,8 +221,7 @@ def _attend_tile(
     o_tilde = o_tilde * alpha[:, None]
 
     if DOT_SCALED:
-        v_codes = tl.load(Vc + v_rows // 2 + (start_n // 2 + tl.arange(0, BN // 2))[None, :])
-        v_scales = tl.load(Vs + v_rows // 32 + (start_n // 32 + tl.arange(0, BN // 32))[None, :])
+        v_codes, v_scales = _v_codes(Vc, Vs, v_rows, start_n, Lk, BN, CLIP)
         # p_hat / 2**e is exactly on the E2M1 ladder (nonnegative: the code is the magnitude code).
         code = ladder_code(tl.reshape(p_hat3 / two_e[:, :, None], [BM, BN]))
         p_scales = (two_e.to(tl.int32, bitcast=True) >> 23).to(tl.uint8)
@@ -198,7 +229,7 @@ def _attend_tile(
             pack_nibbles(code, BM, BN), p_scales, "e2m1", tl.trans(v_codes), v_scales, "e2m1", o_tilde
         )
     else:
-        v_hat = _v_hat(Vx, Vc, Vs, k_base, v_rows, start_n, BN, DV, KV_BF16, DOT_T)
+        v_hat = _v_hat(Vx, Vc, Vs, v_base, v_rows, start_n, Lk, BN, DV, KV_BF16, DOT_T, CLIP)
         o_tilde = tl.dot(p_hat.to(DOT_T), v_hat, o_tilde)
     if PNQ:
         # Placed after the PV wgmma is issued: this sum waits for the cast, and here its additions
@@ -230,6 +261,10 @@ def _mx_attention_fwd_kernel(
     GROUP,
     LQP,
     LKP,
+    LVP,
+    CuQ,
+    CuK,
+    SEQ0,
     stride_mb,
     stride_mh,
     stride_mm,
@@ -254,6 +289,7 @@ def _mx_attention_fwd_kernel(
     KV_BF16: tl.constexpr,
     ABLATE: tl.constexpr = 0,
     OUT_MAX: tl.constexpr = 0.0,
+    VARLEN: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -263,15 +299,31 @@ def _mx_attention_fwd_kernel(
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_dv = tl.arange(0, DV)
 
-    q_rows = bh.to(tl.int64) * LQP + offs_m[:, None]
-    q_codes = tl.load(Qc + q_rows * (DQ // 2) + tl.arange(0, DQ // 2)[None, :])
-    q_scales = tl.load(Qs + q_rows * (DQ // 32) + tl.arange(0, DQ // 32)[None, :])
+    # VARLEN (B = 1): this program's sequence is program_id(2) + SEQ0; its rows start at q_start of
+    # Q^ / Out / Lse (Lq = total_q, the lse row stride) and its keys at k_start of K^ and at
+    # v_start of V^, whose blocks of 32 keys restart at every sequence (`varlen_v_start`).
+    lq, lk, q_start, k_start, v_start = Lq, Lk, 0, 0, 0
+    if VARLEN:
+        seq = SEQ0 + tl.program_id(2)
+        q_start = tl.load(CuQ + seq)
+        lq = tl.load(CuQ + seq + 1) - q_start
+        k_start = tl.load(CuK + seq)
+        lk = tl.load(CuK + seq + 1) - k_start
+        v_start = varlen_v_start(k_start, seq)
+        if pid_m * BM >= lq:
+            return
+
+    q_rows = bh.to(tl.int64) * LQP + q_start + offs_m[:, None]
+    q_in = offs_m[:, None] < lq
+    q_codes = _load(Qc + q_rows * (DQ // 2) + tl.arange(0, DQ // 2)[None, :], q_in, 0, VARLEN)
+    q_scales = _load(Qs + q_rows * (DQ // 32) + tl.arange(0, DQ // 32)[None, :], q_in, 127, VARLEN)
     q_hat = q_codes  # unused by dot_scaled
     if not DOT_SCALED:
         q_hat = dequant_e2m1(q_codes, q_scales, BM, DQ).to(DOT_T)
 
-    k_base = bhk.to(tl.int64) * LKP
-    v_rows = (bhk.to(tl.int64) * DV + offs_dv[:, None]) * LKP
+    k_base = bhk.to(tl.int64) * LKP + k_start
+    v_base = bhk.to(tl.int64) * LVP + v_start
+    v_rows = (bhk.to(tl.int64) * DV + offs_dv[:, None]) * LVP + v_start
     dbg_row = (bh.to(tl.int64) * Lq + offs_m[:, None]) * LKP
     m = tl.full([BM], float("-inf"), tl.float32)
     l = tl.zeros([BM], tl.float32)
@@ -279,42 +331,44 @@ def _mx_attention_fwd_kernel(
     mask_base = Mask + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
 
     # Keys [0, full) are valid for every row of this program: no select on their scores.
-    hi = Lk
+    hi = lk
     full = 0
     if MASK_MODE == 0:
-        full = Lk // BN * BN
+        full = lk // BN * BN
     if CAUSAL:
-        hi = tl.minimum(Lk, (pid_m + 1) * BM)
+        hi = tl.minimum(lk, (pid_m + 1) * BM)
         full = tl.minimum(full, (pid_m * BM + 1) // BN * BN)
     for start_n in tl.range(0, full, BN):
         m, l, o_tilde = _attend_tile(
             m, l, o_tilde, q_hat, q_codes, q_scales, start_n, offs_m, Kc, Ks, Vc, Vs, Kx, Vx, k_base,
-            v_rows, Pdbg, dbg_row, mask_base, qk_scale, Lq, Lk, stride_mm, stride_mn, BM, BN, DQ, DV,
-            False, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, DOT_SCALED, DEBUG_P, DOT_T, KV_BF16, ABLATE,
+            v_base, v_rows, Pdbg, dbg_row, mask_base, qk_scale, lq, lk, stride_mm, stride_mn, BM, BN, DQ,
+            DV, False, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, DOT_SCALED, DEBUG_P, DOT_T, KV_BF16,
+            ABLATE, VARLEN,
         )  # fmt: skip
     # The masked tail (a tile or two, more on the causal diagonal) runs unpipelined: pipelining
     # it too puts copies of o_tilde between wgmmas and ptxas then serializes every wgmma.
     for start_n in tl.range(full, hi, BN, num_stages=1):
         m, l, o_tilde = _attend_tile(
             m, l, o_tilde, q_hat, q_codes, q_scales, start_n, offs_m, Kc, Ks, Vc, Vs, Kx, Vx, k_base,
-            v_rows, Pdbg, dbg_row, mask_base, qk_scale, Lq, Lk, stride_mm, stride_mn, BM, BN, DQ, DV,
-            True, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, DOT_SCALED, DEBUG_P, DOT_T, KV_BF16, ABLATE,
+            v_base, v_rows, Pdbg, dbg_row, mask_base, qk_scale, lq, lk, stride_mm, stride_mn, BM, BN, DQ,
+            DV, True, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, DOT_SCALED, DEBUG_P, DOT_T, KV_BF16,
+            ABLATE, VARLEN,
         )  # fmt: skip
 
     empty = l == 0.0
     out = o_tilde / tl.where(empty, 1.0, l)[:, None]
     out = tl.where(empty[:, None], 0.0, out)
     optr = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-    optr = optr + offs_m[:, None].to(tl.int64) * stride_om + offs_dv[None, :] * stride_od
+    optr = optr + (q_start + offs_m[:, None]).to(tl.int64) * stride_om + offs_dv[None, :] * stride_od
     if OUT_MAX > 0:  # saturate, as attention.reference.cast_output: the exact O is in range
         out = tl.minimum(
             tl.maximum(out, -OUT_MAX, propagate_nan=tl.PropagateNan.ALL),
             OUT_MAX,
             propagate_nan=tl.PropagateNan.ALL,
         )
-    tl.store(optr, out.to(Out.dtype.element_ty), mask=(offs_m[:, None] < Lq) & (offs_dv[None, :] < Dv))
+    tl.store(optr, out.to(Out.dtype.element_ty), mask=(offs_m[:, None] < lq) & (offs_dv[None, :] < Dv))
     lse = tl.where(empty, float("-inf"), (m + tl.math.log2(tl.where(empty, 1.0, l))) * 0.6931471805599453)
-    tl.store(Lse + bh.to(tl.int64) * Lq + offs_m, lse, mask=offs_m < Lq)
+    tl.store(Lse + bh.to(tl.int64) * Lq + q_start + offs_m, lse, mask=offs_m < lq)
 
 
 def default_matrix_path(device: torch.device) -> str:
@@ -346,6 +400,7 @@ def mx_attention_fwd(
     num_stages: int = 2,
     debug_p: torch.Tensor | None = None,
     ablate: int = 0,
+    varlen: tuple[torch.Tensor, torch.Tensor, int] | None = None,
 ) -> torch.Tensor:
     """Run the attention kernel on pre-pass outputs; writes `out` [B, Hq, Lq, Dv], returns lse [B, Hq, Lq].
 
@@ -358,27 +413,33 @@ def mx_attention_fwd(
     LKP, DQ] and V^ [B, Hkv, LKP, DVP] (`prepass_*(..., out_bf16=True)`), for the "bf16" path only.
     `ablate` (timing experiments only, wrong results): bit 1 skips the cast of P~.
     `num_stages` is lowered automatically when the compiled kernel would not fit in shared memory.
+    `varlen` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q): a packed batch (B = 1, no mask, no
+    debug_p); lq / lk are then total_q / total_k, `out` [1, Hq, total_q, Dv] (any strides), the
+    returned lse [1, Hq, total_q]; Q^ / K^ are in token order, V^ in the `prepass.varlen_v_start`
+    layout (`prepass_v(..., varlen=...)`). One launch per GRID_Z_MAX sequences.
     """
     qc, qs = q_packed
     kv_bf16 = isinstance(k_packed, torch.Tensor)
     if kv_bf16:
         kx, vx = k_packed, v_packed
         kc = ks = vc = vs = kx
-        lkp, dvp = kx.shape[2], vx.shape[3]
+        lkp, lvp, dvp = kx.shape[2], vx.shape[2], vx.shape[3]
     else:
         (kc, ks), (vc, vs) = k_packed, v_packed
         kx = vx = qc
-        lkp, dvp = kc.shape[2], vc.shape[2]
+        lkp, lvp, dvp = kc.shape[2], vc.shape[3] * 2, vc.shape[2]
     bsz, hq, lqp, dq2 = qc.shape
     path = matrix_path or default_matrix_path(qc.device)
     if kv_bf16 and path != "bf16":
         raise ValueError("bf16 K^ / V^ operands need matrix_path='bf16'")
     if path not in MATRIX_PATHS:
         raise ValueError(f"matrix_path must be one of {MATRIX_PATHS}, got {path!r}")
-    if lqp % block_m or lkp % block_n:
+    if varlen is None and (lqp % block_m or lkp % block_n):
         raise ValueError(
             f"padded lengths ({lqp}, {lkp}) must be multiples of the tiles ({block_m}, {block_n})"
         )
+    if varlen is not None and (mask is not None or debug_p is not None or bsz != 1):
+        raise ValueError("varlen calls take one packed batch (B = 1) without mask or debug_p")
     lse = torch.empty((bsz, hq, lq), dtype=torch.float32, device=qc.device)
     if mask is None:
         mask_mode, mask_arg, mstrides = MASK_NONE, qc, (0, 0, 0, 0)
@@ -387,8 +448,8 @@ def mx_attention_fwd(
     else:
         mask_mode, mask_arg, mstrides = MASK_ADD, mask, mask.stride()
     ceil, q_exp, q_mant = p_rule
-    grid = (lqp // block_m, bsz * hq)
-    args = (
+    cu_q, cu_k, max_q = varlen if varlen is not None else (lse, lse, 0)
+    head = (
         qc,
         qs,
         kc,
@@ -409,9 +470,11 @@ def mx_attention_fwd(
         group,
         lqp,
         lkp,
-        *mstrides,
-        *out.stride(),
+        lvp,
+        cu_q,
+        cu_k,
     )
+    tail = (*mstrides, *out.stride())  # SEQ0, the first sequence of a launch, goes between
     constants = dict(
         BM=block_m,
         BN=block_n,
@@ -429,8 +492,15 @@ def mx_attention_fwd(
         KV_BF16=kv_bf16,
         ABLATE=ablate,
         OUT_MAX=torch.finfo(out.dtype).max if out.dtype in (torch.float16, torch.bfloat16) else 0.0,
+        VARLEN=varlen is not None,
     )
-    _launch(grid, args, constants, num_warps, num_stages, qc.device)
+    if varlen is None:
+        _launch((lqp // block_m, bsz * hq), (*head, 0, *tail), constants, num_warps, num_stages, qc.device)
+        return lse
+    num_seqs = cu_q.numel() - 1
+    for seq0 in range(0, num_seqs, GRID_Z_MAX):
+        grid = (-(-max_q // block_m), hq, min(GRID_Z_MAX, num_seqs - seq0))
+        _launch(grid, (*head, seq0, *tail), constants, num_warps, num_stages, qc.device)
     return lse
 
 

@@ -2,9 +2,9 @@
 
 Exposes `fused_attention`, `unsupported_reason` (why a config / input cannot use the kernels),
 `scale_reason` / `kernel_scale` (the scales the kernel's fp32 constant holds, and how scales <= 0
-are served) and
-`kv_heads_per_chunk` (the memory bound of the bf16 K^/V^ layout: groups of KV heads, each group's
-pre-pass and kernel run before the next group's operands exist).
+are served), `launch_config` (the tiles and paths a call takes) and `kv_heads_per_chunk` (the
+memory bound of the bf16 K^/V^ layout: groups of KV heads, each group's pre-pass and kernel run
+before the next group's operands exist).
 Inputs are [B, H, L, D] (the argument checks of `attention.inputs` are the caller's job).
 """
 
@@ -94,19 +94,17 @@ def fused_attention(
     max(KV_CHUNK_MIN_BYTES, the packed K/V bytes of the call), None one group. Calls with more than
     GRID_Y_MAX batch x query heads also run in groups of batches.
     """
-    from mxattention.kernels.attention_fwd import default_matrix_path, mx_attention_fwd
+    from mxattention.kernels.attention_fwd import mx_attention_fwd
     from mxattention.kernels.prepass import padded_dim, padded_len, prepass_qk, prepass_v
     from mxattention.kernels.rules import rule_constants
 
     query, key, scale = kernel_scale(query, key, scale)
     b, hq, lq, d = query.shape
     hk, lk, dv = key.shape[1], key.shape[2], value.shape[3]
-    bm = block_m or (128 if padded_dim(max(d, dv)) <= 128 else 64)
+    bm, path, layout, num_warps, num_stages = launch_config(
+        query, d, dv, matrix_path, block_m, kv_layout, num_warps, num_stages
+    )
     bn = cfg.block_n
-    path = matrix_path or default_matrix_path(query.device)
-    layout = kv_layout or ("bf16" if path == "bf16" else "packed")
-    if layout not in KV_LAYOUTS:
-        raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {layout!r}")
     wide = layout == "bf16"
     lkp = padded_len(lk, max(bn, 128))
     # The interpreter's fp32 -> bf16 cast truncates (Triton 3.9); there torch does the final cast.
@@ -147,8 +145,8 @@ def fused_attention(
             mask=None if mask is None else mask[bs, qh],
             matrix_path=path,
             block_m=bm,
-            num_warps=num_warps or (8 if bm >= 128 else 4),
-            num_stages=num_stages or 3,
+            num_warps=num_warps,
+            num_stages=num_stages,
             debug_p=None if dbg is None else dbg_chunk,
         )
         if dbg is not None:
@@ -187,6 +185,30 @@ def kernel_scale(
     if scale < 0 and struct.unpack("f", struct.pack("f", -scale * LOG2E))[0] > 0:
         return (-query, key, -scale) if q_smaller else (query, -key, -scale)
     return (query * 0.0, key, 1.0) if q_smaller else (query, key * 0.0, 1.0)
+
+
+def launch_config(
+    query: torch.Tensor,
+    d: int,
+    dv: int,
+    matrix_path: str | None = None,
+    block_m: int | None = None,
+    kv_layout: str | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> tuple[int, str, str, int, int]:
+    """(block_m, matrix path, K^/V^ layout, warps, stages) of a call, the None arguments defaulted:
+    dense and varlen calls share them, so a varlen call computes each sequence as the dense call of
+    its rows does, bit for bit."""
+    from mxattention.kernels.attention_fwd import default_matrix_path
+    from mxattention.kernels.prepass import padded_dim
+
+    bm = block_m or (128 if padded_dim(max(d, dv)) <= 128 else 64)
+    path = matrix_path or default_matrix_path(query.device)
+    layout = kv_layout or ("bf16" if path == "bf16" else "packed")
+    if layout not in KV_LAYOUTS:
+        raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {layout!r}")
+    return bm, path, layout, num_warps or (8 if bm >= 128 else 4), num_stages or 3
 
 
 def kv_heads_per_chunk(

@@ -50,6 +50,19 @@ def padded_len(n: int, multiple: int) -> int:
 
 
 @triton.jit
+def varlen_v_start(k_start, seq):
+    """Where sequence `seq`, whose first key is row k_start of the packed K, starts in the varlen
+    V^ layout: 32 (ceil(k_start / 32) + seq), a multiple of 32 that leaves room for its keys
+    rounded up to 32 before the next sequence's start (`varlen_v_len` rows in all)."""
+    return ((k_start + 31) // 32 + seq) * 32
+
+
+def varlen_v_len(total_k: int, num_seqs: int) -> int:
+    """Rows of the varlen V^ layout: past the end of the last sequence's `varlen_v_start` region."""
+    return MX_BLOCK_SIZE * (-(-total_k // MX_BLOCK_SIZE) + num_seqs)
+
+
+@triton.jit
 def _load_tile(
     X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL: tl.constexpr, DP: tl.constexpr
 ):
@@ -143,6 +156,15 @@ def _load_key_blocks(
 
 
 @triton.jit
+def _store(ptrs, x, ok, MASKED: tl.constexpr):
+    """tl.store, masked by `ok` only if MASKED."""
+    if MASKED:
+        tl.store(ptrs, x, mask=ok)
+    else:
+        tl.store(ptrs, x)
+
+
+@triton.jit
 def _qk_prepass_kernel(
     X,
     Codes,
@@ -207,15 +229,32 @@ def _v_prepass_kernel(
     stride_l,
     stride_d,
     L_PAD,
+    Cu,
+    SEQ0,
     BL: tl.constexpr,
     DP: tl.constexpr,
     CEIL: tl.constexpr,
     Q_EXP: tl.constexpr,
     Q_MANT: tl.constexpr,
     OUT_BF16: tl.constexpr,
+    VARLEN: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
+    # VARLEN (B = 1): keys of sequence program_id(2) + SEQ0, rows Cu[seq]:Cu[seq + 1] of X, cast in
+    # blocks of 32 from its first key and written from `varlen_v_start` on, up to its length
+    # rounded up to 32 (the rows past it, up to the next sequence's start, are never read).
+    out_start = 0
+    L_OUT = L_PAD
+    if VARLEN:
+        seq = SEQ0 + tl.program_id(2)
+        start = tl.load(Cu + seq)
+        L = tl.load(Cu + seq + 1) - start
+        if pid * BL >= L:
+            return
+        X += start.to(tl.int64) * stride_l
+        out_start = varlen_v_start(start, seq)
+        L_OUT = (L + 31) // 32 * 32
     if DP <= 128:
         x, rows, cols = _load_key_blocks(X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL, DP)
     else:  # 16 keys x 8 columns of 256 would be 256 values per thread: spills
@@ -224,16 +263,24 @@ def _v_prepass_kernel(
     codes, scales, vals = cast_blocks(x, CEIL, Q_EXP, Q_MANT, 1)
     if OUT_BF16:
         vals = tl.reshape(vals, [BL, DP])
-        rows64 = bh.to(tl.int64) * L_PAD + rows[:, None].to(tl.int64)
-        tl.store(Codes + rows64 * DP + cols[None, :], vals.to(tl.bfloat16))
+        rows64 = bh.to(tl.int64) * L_PAD + out_start + rows[:, None].to(tl.int64)
+        _store(Codes + rows64 * DP + cols[None, :], vals.to(tl.bfloat16), rows[:, None] < L_OUT, VARLEN)
         return
     codes_t = tl.reshape(tl.permute(codes, 2, 0, 1), [DP, BL])  # keys last, as mx_quantize(axis=-2)
     packed = pack_nibbles(codes_t, DP, BL)
-    base = (bh.to(tl.int64) * DP + cols[:, None].to(tl.int64)) * L_PAD
-    tl.store(Codes + base // 2 + pid * (BL // 2) + tl.arange(0, BL // 2)[None, :], packed)
+    base = (bh.to(tl.int64) * DP + cols[:, None].to(tl.int64)) * L_PAD + out_start
+    pairs = pid * BL + 2 * tl.arange(0, BL // 2)[None, :]
+    _store(
+        Codes + base // 2 + pid * (BL // 2) + tl.arange(0, BL // 2)[None, :], packed, pairs < L_OUT, VARLEN
+    )
     s_t = tl.trans(scales).to(tl.uint8)
-    tl.store(Scales + base // 32 + pid * (BL // 32) + tl.arange(0, BL // 32)[None, :], s_t)
+    blocks = pid * BL + 32 * tl.arange(0, BL // 32)[None, :]
+    _store(
+        Scales + base // 32 + pid * (BL // 32) + tl.arange(0, BL // 32)[None, :], s_t, blocks < L_OUT, VARLEN
+    )
 
+
+GRID_Z_MAX = 65535  # CUDA's third grid axis: a varlen V^ launch holds at most this many sequences
 
 # (rows per program, warps) of each pass and layout; H200 sweep (benchmarks/results/raw/
 # prepass_sweep_v6_h200.json). Row layout: one row per thread, 32 rows per warp. Module state so
@@ -341,15 +388,23 @@ def prepass_qk(
 
 
 def prepass_v(
-    v: torch.Tensor, rule: str | float | ScaleRule, *, len_multiple: int = 128, out_bf16: bool = False
+    v: torch.Tensor,
+    rule: str | float | ScaleRule,
+    *,
+    len_multiple: int = 128,
+    out_bf16: bool = False,
+    varlen: tuple[torch.Tensor, int] | None = None,
 ):
     """Cast v [B, H, L, Dv] along the keys: (codes [B,H,Dvp,Lp/2], scales [B,H,Dvp,Lp/32]).
 
     With `out_bf16`, the dequantized values instead, as bf16 [B, H, Lp, Dvp] (keys not transposed).
+    `varlen` = (cu_seqlens_k, max_seqlen_k): v [1, H, total_k, Dv] is a packed batch whose blocks
+    of 32 keys restart at every sequence; Lp = `varlen_v_len` and sequence i starts at row
+    `varlen_v_start` (its rows past its length rounded up to 32 are left unwritten).
     """
     b, h, n, d = v.shape
     dp = padded_dim(d)
-    lp = padded_len(n, len_multiple)
+    lp = padded_len(n, len_multiple) if varlen is None else varlen_v_len(n, varlen[0].numel() - 1)
     if out_bf16:
         codes = torch.empty((b, h, lp, dp), dtype=torch.bfloat16, device=v.device)
         scales = codes
@@ -361,19 +416,28 @@ def prepass_v(
     if key == "v_bf16" and v.is_cuda:
         if (lp // bl) * b * h < V_SMALL_GRID_PER_SM * sm_count(v.device):
             warps = max(warps, 2)  # few programs (short keys): more warps each hide more of the latency
-    _v_prepass_kernel[(lp // bl, b * h)](
-        v,
-        codes,
-        scales,
-        n,
-        d,
-        h,
-        *v.stride(),
-        lp,
-        BL=bl,
-        DP=dp,
-        OUT_BF16=out_bf16,
-        **_rule_args(rule),
-        num_warps=warps,
-    )
+    cu, max_len = (v, n) if varlen is None else varlen
+    num_seqs = 1 if varlen is None else cu.numel() - 1
+    for seq0 in range(0, num_seqs, GRID_Z_MAX):
+        grid = (lp // bl, b * h)
+        if varlen is not None:  # programs of the longest sequence, for every sequence
+            grid = (-(-max_len // bl), b * h, min(GRID_Z_MAX, num_seqs - seq0))
+        _v_prepass_kernel[grid](
+            v,
+            codes,
+            scales,
+            n,
+            d,
+            h,
+            *v.stride(),
+            lp,
+            cu,
+            seq0,
+            BL=bl,
+            DP=dp,
+            OUT_BF16=out_bf16,
+            VARLEN=varlen is not None,
+            **_rule_args(rule),
+            num_warps=warps,
+        )
     return codes if out_bf16 else (codes, scales)

@@ -1,29 +1,23 @@
 """The torch custom op `mxattention::varlen`: packed variable-length attention as one opaque node.
 
 Exposes `varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
-scale, cfg_key)` (max_seqlen -1 for "compute it") and `varlen_kernel_plan` (None if the fused
-kernels run a call, else the reason they do not).
+scale, cfg_key)` (max_seqlen -1 for "compute it").
 
-As `mxattention::sdpa` (kernels/op.py): the choice between the fused kernels and the PyTorch
-reference is made inside the op at run time, where the prefix sums are also read and checked on
-the host (one small device-to-host copy per call), so a compiled graph holds one node and no
-data-dependent Python. Inference only: a backward through the op raises.
+As `mxattention::sdpa` (kernels/op.py), whose `kernel_plan` it asks: the choice between the fused
+kernels (`fused_varlen`) and the PyTorch reference (`attention.varlen`) is made inside the op at
+run time, where the prefix sums are also read and checked on the host (one small device-to-host
+copy per call), so a compiled graph holds one node and no data-dependent Python. Inference only:
+a backward through the op raises.
 """
 
 from __future__ import annotations
 
 import torch
 
-from mxattention.attention.config import AttentionConfig
 from mxattention.attention.varlen import check_varlen, seq_bounds, varlen_reference
-from mxattention.kernels.fused import unsupported_reason
-from mxattention.kernels.op import _warn_once, config_from_key
-
-
-def varlen_kernel_plan(cfg: AttentionConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
-    """None if the fused kernels compute this varlen call, else a sentence saying why not."""
-    reason = unsupported_reason(cfg, q, k.shape[-1], v.shape[-1])
-    return reason or "the varlen kernels are not built yet"
+from mxattention.kernels.fused import scale_reason
+from mxattention.kernels.fused_varlen import fused_varlen_attention
+from mxattention.kernels.op import _warn_once, config_from_key, kernel_plan
 
 
 @torch.library.custom_op("mxattention::varlen", mutates_args=())
@@ -43,11 +37,14 @@ def varlen_op(
     cfg = config_from_key(cfg_key)
     shapes = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
     given = (None if max_seqlen_q < 0 else max_seqlen_q, None if max_seqlen_k < 0 else max_seqlen_k)
-    cu_q, cu_k, _, _ = seq_bounds(cu_seqlens_q, cu_seqlens_k, shapes, *given)
-    reason = varlen_kernel_plan(cfg, q, k, v)
+    cu_q, cu_k, max_q, max_k = seq_bounds(cu_seqlens_q, cu_seqlens_k, shapes, *given)
+    reason = kernel_plan(cfg, q, k, v) or scale_reason(scale)  # as mxattention::sdpa decides
     if reason is not None:
         _warn_once(reason)
-    return varlen_reference(q, k, v, cu_q, cu_k, cfg, is_causal=is_causal, scale=scale)
+        return varlen_reference(q, k, v, cu_q, cu_k, cfg, is_causal=is_causal, scale=scale)
+    return fused_varlen_attention(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, cfg, is_causal=is_causal, scale=scale
+    )
 
 
 @varlen_op.register_fake

@@ -1,0 +1,106 @@
+"""`fused_varlen_attention`: the pre-pass and the attention kernel on a packed variable-length batch.
+
+Exposes `fused_varlen_attention`. Inputs in flash-attn's varlen layout (q [total_q, H, D], k / v
+[total_k, Hkv, D], int32 prefix sums; the checks of `attention.varlen` are the caller's job).
+
+No padded copy of the batch is made (docs/design.md, 'Varlen'): the packed tensors enter the
+passes as [1, H, total, D] views. Q^ and K^ are cast per row, so they stay in token order and the
+dense passes (the Gluon ones on sm_90 included) serve them unchanged; V^ is cast in blocks of 32
+keys that restart at each sequence (`prepass_v(..., varlen=...)`: sequence i from row
+`varlen_v_start`, at most 32 - 1 rows of padding per sequence). The attention kernel runs one
+program per (query tile, head, sequence), reading each sequence's offsets from the prefix sums, as
+flash-attn's varlen kernels do; its tiles start at each sequence's first query and key, and the
+keys of a sequence's last tile past its end are loaded as zeros. Each sequence thus gets the
+operands, tiles and arithmetic of the dense call of its rows: the same O and lse, bit for bit.
+Launches: 3 pre-pass + 1 attention per group of KV heads (one group unless the bf16 K^/V^ layout
+needs more) and per 65535 sequences.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mxattention.attention.config import AttentionConfig
+from mxattention.attention.reference import cast_output
+from mxattention.kernels._triton import kernels_interpreted
+from mxattention.kernels.fused import GRID_Y_MAX, kernel_scale, kv_heads_per_chunk, launch_config
+
+
+def fused_varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    cfg: AttentionConfig,
+    *,
+    is_causal: bool = False,
+    scale: float,
+    matrix_path: str | None = None,
+    block_m: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    kv_layout: str | None = None,
+    kv_chunk_bytes: int | str | None = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O [total_q, H, Dv] in q's dtype, lse [H, total_q] fp32) by the fused kernels.
+
+    `max_seqlen_*`: at least the longest sequence (they size the grids). Sequences with queries and
+    no keys give O = 0 and lse = -inf. The keyword arguments are `fused.fused_attention`'s.
+    """
+    from mxattention.kernels.attention_fwd import mx_attention_fwd
+    from mxattention.kernels.prepass import padded_dim, prepass_qk, prepass_v, varlen_v_len
+    from mxattention.kernels.rules import rule_constants
+
+    q, k, scale = kernel_scale(q, k, scale)  # scale <= 0 as the dense call: exact negation / zeroing
+    tq, hq, d = q.shape
+    tk, hk, dv = k.shape[0], k.shape[1], v.shape[2]
+    bm, path, layout, num_warps, num_stages = launch_config(
+        q, d, dv, matrix_path, block_m, kv_layout, num_warps, num_stages
+    )
+    bn, wide = cfg.block_n, layout == "bf16"
+    out_dtype = torch.float32 if kernels_interpreted() else q.dtype  # as fused_attention
+    if tq == 0 or tk == 0:  # no rows, or no key for any row
+        out = torch.zeros((tq, hq, dv), dtype=q.dtype, device=q.device)
+        return out, torch.full((hq, tq), -float("inf"), device=q.device)
+    # Every row is written: each sequence's programs cover its rows (max_seqlen_q >= its length).
+    out = torch.empty((tq, hq, dv), dtype=out_dtype, device=q.device)
+    lse = torch.empty((hq, tq), dtype=torch.float32, device=q.device)
+    pr = rule_constants(cfg.p.rule)
+    group = hq // hk
+    step = hk
+    if wide:
+        lvp = varlen_v_len(tk, cu_seqlens_k.numel() - 1)
+        step = kv_heads_per_chunk(1, hk, lvp, padded_dim(d), padded_dim(dv), kv_chunk_bytes)
+    step = max(1, min(step, GRID_Y_MAX // group))
+    for h0 in range(0, hk, step):
+        kv, qh = slice(h0, h0 + step), slice(h0 * group, (h0 + step) * group)
+        # [1, heads, total, D] views of the packed tensors: no copy.
+        qx, kx, vx = (x[:, hs].permute(1, 0, 2)[None] for x, hs in ((q, qh), (k, kv), (v, kv)))
+        qp = prepass_qk(qx, cfg.q.rule, hadamard=cfg.hadamard, len_multiple=max(bm, 128))
+        kp = prepass_qk(kx, cfg.k.rule, hadamard=cfg.hadamard, len_multiple=max(bn, 128), out_bf16=wide)
+        vp = prepass_v(vx, cfg.v.rule, out_bf16=wide, varlen=(cu_seqlens_k, max_seqlen_k))
+        lse[qh] = mx_attention_fwd(
+            qp,
+            kp,
+            vp,
+            lq=tq,
+            lk=tk,
+            dv=dv,
+            group=group,
+            out=out[:, qh].permute(1, 0, 2)[None],
+            p_rule=(pr.ceil, pr.q_exp, pr.q_mant),
+            pnq=cfg.pnq,
+            block_n=bn,
+            scale=scale,
+            is_causal=is_causal,
+            matrix_path=path,
+            block_m=bm,
+            num_warps=num_warps,
+            num_stages=num_stages,
+            varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q),
+        )[0]
+        del qp, kp, vp  # freed before the next group's pre-pass allocates
+    return cast_output(out, q.dtype), lse  # the kernel saturates its own stores likewise

@@ -1,0 +1,159 @@
+"""The varlen kernels (`kernels.fused_varlen`) = one dense kernel call per sequence, bit for bit.
+
+Each sequence's tiles and V^ blocks start at its own first token and its last tile loads zeros
+past its end, so O and lse must equal `fused_attention` on that sequence's rows exactly (same
+block_m, path and layout). Against the reference the bounds of test_attention_kernel.py hold.
+On the CPU these run in Triton's interpreter (small shapes: each call takes seconds).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import mxattention as mx
+from mxattention.attention.config import get_method
+from mxattention.attention.varlen import spans, varlen_reference
+from mxattention.kernels import attention_fwd, prepass
+from mxattention.kernels.fused import fused_attention
+from mxattention.kernels.fused_varlen import fused_varlen_attention
+
+
+def packed(lens_q, lens_k, hq=2, hk=1, d=32, dv=None, *, seed=0, nan_seq=None):
+    """Packed q, k, v with channel outliers and a V spike at each sequence's first key; with
+    `nan_seq`, a NaN in that sequence's V (it must stay in that sequence)."""
+    g = torch.Generator().manual_seed(seed)
+    tq, tk = sum(lens_q), sum(lens_k)
+    q = torch.randn(tq, hq, d, generator=g) * torch.exp(torch.randn(d, generator=g))
+    k = torch.randn(tk, hk, d, generator=g) + 2.0 * torch.randn(d, generator=g)
+    v = torch.randn(tk, hk, dv or d, generator=g)
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32)
+    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32)
+    firsts = cu_k[:-1][torch.tensor(lens_k) > 0].long()
+    v[firsts] *= 50.0
+    if nan_seq is not None:
+        v[int(cu_k[nan_seq]) + 1, 0, 3] = float("nan")
+    return q, k, v, cu_q, cu_k
+
+
+class LargestAllocation(TorchDispatchMode):
+    """The most elements of one tensor that torch allocates (the interpreter's storage copies aside)."""
+
+    ALLOCS = ("aten.empty.", "aten.empty_strided.", "aten.zeros.", "aten.full.", "aten.new_empty.")
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if str(func).startswith(self.ALLOCS):
+            self.largest = max(self.largest, out.numel())
+        return out
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(torch.nan_to_num(a, nan=7.0), torch.nan_to_num(b, nan=7.0)) and torch.equal(
+        a.isnan(), b.isnan()
+    )
+
+
+def check_per_sequence(q, k, v, cu_q, cu_k, out, lse, method, device, **kw):
+    """O / lse of the varlen call against one `fused_attention` call per sequence, bit for bit."""
+    cfg = get_method(method)
+    scale = kw.pop("scale", q.shape[-1] ** -0.5)
+    for q0, q1, k0, k1 in spans(cu_q.tolist(), cu_k.tolist()):
+        if q1 == q0:
+            continue
+        if k1 == k0:
+            assert (out[q0:q1] == 0).all() and torch.isneginf(lse[:, q0:q1]).all()
+            continue
+        views = (
+            x[a:b].permute(1, 0, 2)[None].to(device) for x, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1))
+        )
+        o, l = fused_attention(*views, cfg, scale=scale, **kw)
+        assert same(out[q0:q1], o[0].permute(1, 0, 2)), f"O of rows {q0}:{q1}"
+        assert same(lse[:, q0:q1], l[0]), f"lse of rows {q0}:{q1}"
+
+
+def run(q, k, v, cu_q, cu_k, method, device, **kw):
+    cfg = get_method(method)
+    lq, lk = cu_q.diff().max().item(), cu_k.diff().max().item()
+    dev = [x.to(device) for x in (q, k, v, cu_q, cu_k)]
+    out, lse = fused_varlen_attention(*dev, lq, lk, cfg, scale=q.shape[-1] ** -0.5, **kw)
+    return out.cpu(), lse.cpu()
+
+
+def test_mixed_lengths_dot_scaled(device):
+    # Empty query and key sequences, lengths off multiples of 32 and of the tiles, GQA. A NaN in
+    # sequence 1's V lies inside sequence 0's last key tile: it must reach sequence 1's rows only.
+    q, k, v, cu_q, cu_k = packed([5, 4, 0, 3, 70], [37, 13, 64, 0, 130], hq=2, hk=1, nan_seq=1)
+    out, lse = run(q, k, v, cu_q, cu_k, "mxattention", device, block_m=64)
+    nan = torch.zeros_like(out, dtype=torch.bool)
+    nan[5:9, :, 3] = True  # the NaN's V^ block (channel 3; both query heads read the KV head)
+    assert torch.equal(out.isnan(), nan)
+    assert out[9:12].eq(0).all() and torch.isneginf(lse[:, 9:12]).all()  # queries without keys
+    check_per_sequence(q, k, v, cu_q, cu_k, out, lse, "mxattention", device, block_m=64)
+
+
+def test_causal_bf16_layout(device):
+    # Top-left causal per sequence with Lq < Lk and Lq > Lk; the Hopper path's bf16 K^ / V^ layout,
+    # with a NaN in sequence 1's V inside sequence 0's last key tile.
+    q, k, v, cu_q, cu_k = packed([10, 70, 5], [20, 33, 9], hq=2, hk=2, d=64, dv=32, seed=1, nan_seq=1)
+    kw = dict(is_causal=True, matrix_path="bf16", kv_layout="bf16", block_m=64)
+    out, lse = run(q, k, v, cu_q, cu_k, "mxfp4-ocp", device, **kw)
+    nan = torch.zeros_like(out, dtype=torch.bool)
+    nan[10:80, 0, 3] = True  # the NaN's V^ block (channel 3, head 0) in sequence 1's rows only
+    assert torch.equal(out.isnan(), nan)
+    check_per_sequence(q, k, v, cu_q, cu_k, out, lse, "mxfp4-ocp", device, **kw)
+
+
+def test_many_short_sequences_in_launch_pieces(device, monkeypatch):
+    # 9 sequences, in launches of 2 sequences each (CUDA's grid-z limit lowered): 5 V^ launches and
+    # 5 attention launches, the same bytes; no tensor of the padded [B, max_len] layout.
+    monkeypatch.setattr(attention_fwd, "GRID_Z_MAX", 2)
+    monkeypatch.setattr(prepass, "GRID_Z_MAX", 2)
+    launches = []
+    original = attention_fwd._launch
+    monkeypatch.setattr(
+        attention_fwd, "_launch", lambda grid, *a: launches.append(grid) or original(grid, *a)
+    )
+    lens_q, lens_k = [1, 2, 3, 1, 4, 2, 100, 3, 1], [2, 1, 5, 1, 3, 33, 90, 1, 2]
+    q, k, v, cu_q, cu_k = packed(lens_q, lens_k, hq=1, hk=1, seed=2)
+    with LargestAllocation() as probe:
+        out, lse = run(q, k, v, cu_q, cu_k, "mxattention", device, matrix_path="bf16")
+    assert [g[2] for g in launches] == [2, 2, 2, 2, 1]
+    # The largest is V^ in the varlen layout (total + 32 per sequence rows); a padded batch: 9 x 100.
+    assert probe.largest == prepass.varlen_v_len(sum(lens_k), 9) * 32 < 9 * 100 * 32
+    check_per_sequence(q, k, v, cu_q, cu_k, out, lse, "mxattention", device, matrix_path="bf16")
+
+
+def test_public_entry_runs_the_kernels(device, monkeypatch):
+    # The public function routes to the kernels (no reference warning) and agrees with the
+    # reference within test_attention_kernel.py's bounds; one sequence = a dense call.
+    monkeypatch.setenv("MXATTENTION_CPU_KERNELS", "1")
+    q, k, v, cu_q, cu_k = packed([150], [129], hq=2, hk=2, seed=3)
+    dev = [x.to(device) for x in (q, k, v, cu_q, cu_k)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out, lse = mx.varlen_attention(*dev, return_lse=True)
+    out, lse = out.cpu(), lse.cpu()
+    check_per_sequence(q, k, v, cu_q, cu_k, out, lse, "mxattention", device)
+    cfg = get_method("mxattention")
+    ref_o, ref_l = varlen_reference(q, k, v, cu_q.tolist(), cu_k.tolist(), cfg, scale=32**-0.5)
+    fp_o, _ = varlen_reference(q, k, v, cu_q.tolist(), cu_k.tolist(), get_method("fp"), scale=32**-0.5)
+    quant = (ref_o - fp_o).norm() / fp_o.norm()
+    assert (out - ref_o).norm() / ref_o.norm() <= 1e-3 * quant
+    assert (lse - ref_l).abs().max() <= 1e-4 + 0.6
+
+
+@pytest.mark.parametrize("scale", [-0.3, 0.0])
+def test_scale_not_positive_as_dense(device, scale):
+    q, k, v, cu_q, cu_k = packed([33, 7], [40, 9], seed=4)
+    cfg = get_method("mxattention")
+    dev = [x.to(device) for x in (q, k, v, cu_q, cu_k)]
+    out, lse = fused_varlen_attention(*dev, 33, 40, cfg, scale=scale)
+    check_per_sequence(q, k, v, cu_q, cu_k, out.cpu(), lse.cpu(), "mxattention", device, scale=scale)

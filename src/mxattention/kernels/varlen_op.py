@@ -17,7 +17,7 @@ import torch
 from mxattention.attention.varlen import check_varlen, seq_bounds, varlen_reference
 from mxattention.kernels.fused import scale_reason
 from mxattention.kernels.fused_varlen import fused_varlen_attention
-from mxattention.kernels.op import _warn_once, config_from_key, kernel_plan
+from mxattention.kernels.op import _warn_once, config_from_key, kernel_plan, register_inference_only
 
 
 @torch.library.custom_op("mxattention::varlen", mutates_args=())
@@ -53,11 +53,4 @@ def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     return q.new_empty((tq, hq, v.shape[-1])), q.new_empty((hq, tq), dtype=torch.float32)
 
 
-def _no_backward(ctx, grad_out, grad_lse):
-    raise RuntimeError(
-        "mxattention.varlen_attention is inference-only (the 4-bit path has no backward); for "
-        "training, use flash-attn's flash_attn_varlen_func or torch SDPA per sequence"
-    )
-
-
-varlen_op.register_autograd(_no_backward)
+register_inference_only(varlen_op, "mxattention.varlen_attention")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from mxattention.cli.main import main
 
@@ -17,51 +16,11 @@ pytest.importorskip("mxattention.integrations")
 
 @pytest.fixture(scope="module")
 def tiny_ldm(tmp_path_factory):
-    """LDMTextToImagePipeline: tiny UNet2DConditionModel + LDMBert + VQModel; BERT tokenizer from the
-    MiniLM package (local files), so nothing is downloaded."""
-    from diffusers import DDIMScheduler, LDMTextToImagePipeline, UNet2DConditionModel, VQModel
-    from diffusers.pipelines.latent_diffusion.pipeline_latent_diffusion import LDMBertConfig, LDMBertModel
-    from transformers import BertTokenizer
+    """The tiny LDMTextToImagePipeline of tests/eval/tiny_pipelines.py, saved to a folder."""
+    from tests.eval.tiny_pipelines import tiny_ldm_pipeline
 
-    from mxattention.eval.models.minilm import minilm_model_dir
-
-    torch.manual_seed(0)
-    unet = UNet2DConditionModel(
-        sample_size=8,
-        in_channels=4,
-        out_channels=4,
-        block_out_channels=(32, 64),
-        layers_per_block=1,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=32,
-        attention_head_dim=8,
-        norm_num_groups=8,
-    )
-    vq = VQModel(
-        in_channels=3,
-        out_channels=3,
-        latent_channels=4,
-        block_out_channels=(16, 32),
-        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
-        norm_num_groups=8,
-        num_vq_embeddings=32,
-    )
-    bert = LDMBertModel(
-        LDMBertConfig(
-            d_model=32,
-            encoder_layers=2,
-            encoder_attention_heads=2,
-            head_dim=16,
-            encoder_ffn_dim=64,
-            vocab_size=30522,
-        )
-    )
-    tok = BertTokenizer.from_pretrained(str(minilm_model_dir()), local_files_only=True)
-    pipe = LDMTextToImagePipeline(vqvae=vq, bert=bert, tokenizer=tok, unet=unet, scheduler=DDIMScheduler())
     path = tmp_path_factory.mktemp("ldm")
-    pipe.save_pretrained(path)
+    tiny_ldm_pipeline().save_pretrained(path)
     return path
 
 
@@ -102,8 +61,13 @@ def test_eval_writes_report(tiny_ldm, tmp_path, capsys):
     assert first["fp-native"]["psnr"] == float("inf")
     assert first["fp"]["cosine"] > 0.9999  # our fp32 reference reproduces diffusers' attention
     assert first["mxattention"]["cosine"] < first["fp"]["cosine"]  # the 4-bit route is really taken
+    calls = data["calls"]
+    assert "fp-native" not in calls and calls["mxattention"]["modules"] == ["unet"]  # the denoiser only
+    assert calls["mxattention"]["quantized"] == calls["fp"]["quantized"] > 0
+    assert calls["mxattention"]["fallback"] == 0 and calls["mxattention"]["fallback_reasons"] == {}
     md = (out / "eval.md").read_text()
     assert "| mxattention |" in md and "grid_p1_s0.png" in md
+    assert "attention calls (denoiser):" in capsys.readouterr().out
     assert (out / "grid_p0_s0.png").stat().st_size > 2000
 
 
@@ -128,3 +92,19 @@ def test_eval_size_the_pipeline_refuses(tiny_ldm, tmp_path, capsys):
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(err) == 1 and "--height" in err[0] and "divisible by 8" in err[0]
     assert not out.exists()
+
+
+def test_eval_fails_when_a_quantized_method_quantized_nothing(tiny_ldm, tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cube\n")
+    argv = ["eval", "--pipeline", str(tiny_ldm), "--prompts", str(prompts), "--height", "16", "--width", "16"]
+    argv += ["--dtype", "float32", "--out", str(tmp_path / "r"), "--no-progress", "--methods", "mxattention"]
+    # wan22 keeps the last 2 steps: with 2 steps every call stays in high precision.
+    assert main([*argv, "--steps", "2", "--policy", "wan22"]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mxattention eval:")]
+    assert len(err) == 1 and "'mxattention' quantized none" in err[0] and "high precision" in err[0]
+    assert main([*argv, "--steps", "1", "--modules", "vae"]) == 2
+    err = capsys.readouterr().err
+    assert "--modules" in err and "'vqvae'" in err
+    assert main([*argv, "--steps", "1", "--modules", "denoiser", "vqvae", "--strict"]) == 0
+    assert "attention calls (denoiser, vqvae):" in capsys.readouterr().out

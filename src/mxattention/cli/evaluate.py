@@ -7,6 +7,9 @@ Writes eval.json (every number), eval.md (the paper's Table 2 layout: cosine, SS
 against FP per method) and one PNG grid of frames per prompt and seed. The reference is the
 pipeline's own attention ("fp-native", its own dtype) unless --reference names a method.
 Weights are loaded from a local folder (or the local Hugging Face cache): nothing is downloaded.
+Each method quantizes the denoiser's attention only (--modules names other components); the report
+counts every method's attention calls (quantized, high precision, fallback by reason), and a
+quantized method that quantized nothing fails the run (exit 1), as --strict does on a fallback.
 """
 
 from __future__ import annotations
@@ -74,6 +77,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", default="reports/eval", help="report folder, created with its parents if missing"
     )
+    parser.add_argument(
+        "--modules",
+        nargs="+",
+        default=["denoiser"],
+        help="pipeline components whose attention each method quantizes: 'denoiser' (the transformer(s) "
+        "or UNet) by default; the VAE and text encoders keep their own attention unless named, e.g. "
+        "--modules denoiser vae text_encoder",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail on the first attention call the 4-bit path cannot serve, instead of running torch's "
+        "SDPA for it with a warning (fallbacks are counted in the report either way)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -96,7 +113,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         from diffusers import DiffusionPipeline
 
-        from mxattention.eval.pipeline_eval import evaluate_pipeline, write_report
+        from mxattention.eval.pipeline_eval import (
+            NothingQuantizedError,
+            evaluate_pipeline,
+            select_modules,
+            write_report,
+        )
+        from mxattention.integrations import FallbackError
         from mxattention.integrations.policy import PrecisionPolicy
     except ImportError as exc:
         print(
@@ -113,6 +136,10 @@ def run(args: argparse.Namespace) -> int:
         reason = " ".join(str(exc).split())
         print(f"mxattention eval: could not load the pipeline {args.pipeline!r}: {reason}", file=sys.stderr)
         return 1
+    try:
+        select_modules(pipe, args.modules)
+    except ValueError as exc:
+        args.parser.error(f"--{exc}")  # the message starts "modules: ..."
     pipe = pipe.to(device)
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
@@ -139,7 +166,12 @@ def run(args: argparse.Namespace) -> int:
             policy=policy,
             call_kwargs=call,
             progress=not args.no_progress,
+            modules=args.modules,
+            strict=args.strict,
         )
+    except (NothingQuantizedError, FallbackError) as exc:
+        print(f"mxattention eval: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
     except ValueError as exc:  # the pipeline's own input check, raised by its first call
         words = " ".join(str(exc).split())
         if not any(w in words for w in ("height", "width", "num_frames")):
@@ -155,9 +187,13 @@ def run(args: argparse.Namespace) -> int:
         "steps": args.steps,
         "policy": policy.describe() if policy else "none",
         "seeds": args.seeds,
+        "modules": args.modules,
+        "strict": args.strict,
     }
     path = write_report(res, out, meta=meta)
     print(res.table())
+    print(f"\nattention calls ({', '.join(args.modules)}):")
+    print(res.calls_table())
     if policy is not None:
         print(policy.report())
     print(f"\nreport: {path}")

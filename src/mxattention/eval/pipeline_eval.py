@@ -9,14 +9,21 @@ markdown table in the layout of the paper's Table 2, and PNG grids of frames sid
 VBench (subject consistency, imaging and aesthetic quality) needs model weights that cannot be
 fetched offline; pass `extra_metrics={"name": fn}` where fn(frames [F, H, W, C] float in [0, 1])
 -> float, e.g. a wrapper around an installed VBench, and the numbers join the tables.
+
+Only the denoiser's attention is quantized by default (the pipeline's `transformer`, `transformer_2`
+and `unet`): the VAE and the text encoders keep theirs unless `modules` names them. Every run counts
+its attention calls: quantized, kept in high precision by the policy, fallen back by reason; the
+report states them, and a quantized method that quantized nothing (a policy keeping every call, a
+denoiser with no routable attention) raises `NothingQuantizedError` after the first sample.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,33 +79,128 @@ def frame_metrics(frames: np.ndarray, ref: np.ndarray) -> dict[str, float]:
     return {"cosine": statistics.fmean(cos), "ssim": statistics.fmean(ssim), "psnr": statistics.fmean(psnr)}
 
 
+DENOISER = "denoiser"
+_DENOISERS = ("transformer", "transformer_2", "unet")
+
+
+class NothingQuantizedError(RuntimeError):
+    """A quantized method ran without quantizing a single attention call."""
+
+
+def select_modules(pipe: Any, modules: Sequence[str] | None = None) -> dict[str, torch.nn.Module]:
+    """The pipeline components whose attention is routed, by name: `modules` (component names, or
+    "denoiser" for the transformer(s) / UNet), default ["denoiser"]. ValueError names unknown ones."""
+    components = {
+        name: m for name, m in getattr(pipe, "components", {}).items() if isinstance(m, torch.nn.Module)
+    }
+    for name in _DENOISERS:  # pipelines built by hand may lack `components`
+        if isinstance(m := getattr(pipe, name, None), torch.nn.Module):
+            components.setdefault(name, m)
+    chosen: dict[str, torch.nn.Module] = {}
+    for name in [DENOISER] if modules is None else modules:
+        if name == DENOISER:
+            found = {n: components[n] for n in _DENOISERS if n in components}
+            if not found:
+                raise ValueError(
+                    f"modules: the pipeline has no denoiser ({', '.join(_DENOISERS)}); "
+                    f"name its components: {sorted(components)}"
+                )
+            chosen.update(found)
+        elif name in components:
+            chosen[name] = components[name]
+        else:
+            raise ValueError(
+                f"modules: {name!r} is not a component of the pipeline; expected {DENOISER!r} or one of "
+                f"{sorted(components)}"
+            )
+    return chosen
+
+
+def merge_counts(*counts: Mapping[str, Any]) -> dict[str, Any]:
+    """Sum of `stats()`-like dicts: {"quantized", "high_precision", "fallback", "fallback_reasons"}."""
+    reasons: Counter[str] = Counter()
+    quantized = high = 0
+    for c in counts:
+        quantized += c.get("routed", c.get("quantized", 0))
+        high += c.get("high_precision", 0)
+        reasons.update(c.get("fallback_reasons", {}))
+    return {
+        "quantized": quantized,
+        "high_precision": high,
+        "fallback": sum(reasons.values()),
+        "fallback_reasons": dict(sorted(reasons.items())),
+    }
+
+
 @contextmanager
-def route_attention(pipe: Any, method: str, policy: Any = None) -> Iterator[None]:
-    """Inside the block every attention call of `pipe` runs with `method` (and `policy`).
+def route_attention(
+    pipe: Any,
+    method: str,
+    policy: Any = None,
+    *,
+    modules: Sequence[str] | None = None,
+    strict: bool = False,
+) -> Iterator[dict[str, Any]]:
+    """Inside the block the attention of the chosen components of `pipe` (see `select_modules`; default
+    the denoiser) runs with `method` (and `policy`); everything else keeps its own attention.
 
-    Transformers that dispatch through diffusers' attention dispatcher get our registered
-    backend; everything else calling torch's SDPA is routed by `patch_sdpa`. "fp-native" leaves
-    the pipeline untouched (diffusers' own attention).
+    Yields a dict that holds, once the block is left, the calls' counts (`merge_counts` keys).
+    Components that dispatch through diffusers' attention dispatcher get our registered backend;
+    those calling torch's SDPA are routed by `patch_sdpa`; both only while a chosen component or one
+    of its children runs (forward hooks). `strict` raises `mxattention.FallbackError` instead of falling back.
+    "fp-native" leaves the pipeline untouched (diffusers' own attention; the dict stays empty).
     """
+    counts: dict[str, Any] = {}
     if method == "fp-native":
-        yield
+        yield counts
         return
-    from mxattention.integrations import patch_sdpa
+    from mxattention.integrations import SdpaPatch
 
-    denoiser = getattr(pipe, "transformer", None) or getattr(pipe, "unet", None)
-    backend_ctx = None
-    if denoiser is not None and hasattr(denoiser, "set_attention_backend"):
+    chosen = select_modules(pipe, modules)
+    patch = SdpaPatch(method, policy, strict=strict)
+    backend = None
+    if any(hasattr(m, "set_attention_backend") for m in chosen.values()):
         from diffusers.models.attention_dispatch import attention_backend
 
-        from mxattention.integrations.diffusers_backend import register_diffusers_backend
+        from mxattention.integrations.diffusers_backend import (
+            backend_stats,
+            register_diffusers_backend,
+            reset_backend_stats,
+        )
 
-        backend_ctx = attention_backend(register_diffusers_backend(method=method, policy=policy))
-    with patch_sdpa(method=method, policy=policy):
-        if backend_ctx is None:
-            yield
-        else:
-            with backend_ctx:
-                yield
+        backend = register_diffusers_backend(method=method, policy=policy, strict=strict)
+        reset_backend_stats(backend)
+    scope = {"depth": 0, "stack": None}
+
+    def enter(module: torch.nn.Module, args: tuple) -> None:
+        scope["depth"] += 1
+        if scope["depth"] == 1:
+            stack = ExitStack()
+            stack.enter_context(patch)
+            if backend is not None:
+                stack.enter_context(attention_backend(backend))
+            scope["stack"] = stack
+
+    def leave(module: torch.nn.Module, args: tuple, output: object) -> None:
+        scope["depth"] -= 1
+        if scope["depth"] == 0 and scope["stack"] is not None:
+            scope["stack"].close()
+            scope["stack"] = None
+
+    handles = []
+    # The component and its children: pipelines call `vae.decode(...)`, not the VAE's forward.
+    for m in {id(x): x for c in chosen.values() for x in (c, *c.children())}.values():
+        handles.append(m.register_forward_pre_hook(enter))
+        handles.append(m.register_forward_hook(leave, always_call=True))
+    try:
+        yield counts
+    finally:
+        for h in handles:
+            h.remove()
+        if scope["stack"] is not None:
+            scope["stack"].close()
+        counts.update(merge_counts(patch.stats(), backend_stats(backend) if backend is not None else {}))
+        counts["modules"] = sorted(chosen)
 
 
 @dataclass
@@ -108,6 +210,7 @@ class PipelineEval:
     methods: list[str]
     samples: list[dict] = field(default_factory=list)  # {"prompt", "seed", "metrics": {method: {...}}}
     frames: dict[tuple[int, int], dict[str, np.ndarray]] = field(default_factory=dict)
+    calls: dict[str, dict[str, Any]] = field(default_factory=dict)  # method -> merge_counts(...) of all runs
 
     def mean(self, method: str, metric: str) -> float:
         vals = [s["metrics"][method][metric] for s in self.samples if metric in s["metrics"][method]]
@@ -119,6 +222,35 @@ class PipelineEval:
         for m in self.methods:
             lines.append(f"| {m} | " + " | ".join(f"{self.mean(m, k):.4f}" for k in metrics) + " |")
         return "\n".join(lines)
+
+    def calls_table(self) -> str:
+        """Attention calls per method over every run: quantized, high precision, fallback by reason."""
+        lines = [
+            "| method | quantized | high precision | fallback | by reason |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for m in self.methods:
+            c = self.calls.get(m)
+            if not c:
+                lines.append(f"| {m} | - | - | - | pipeline's own attention |")
+                continue
+            why = ", ".join(f"{r} {n}" for r, n in c["fallback_reasons"].items()) or "-"
+            lines.append(f"| {m} | {c['quantized']} | {c['high_precision']} | {c['fallback']} | {why} |")
+        return "\n".join(lines)
+
+
+def _check_quantized(method: str, counts: Mapping[str, Any]) -> None:
+    from mxattention.attention.config import get_method
+
+    if method == "fp-native" or not get_method(method).quantized or counts.get("quantized", 0) > 0:
+        return
+    reasons = ", ".join(f"{r} {n}" for r, n in counts.get("fallback_reasons", {}).items()) or "none"
+    raise NothingQuantizedError(
+        f"method {method!r} quantized none of the attention calls of {', '.join(counts.get('modules', []))} "
+        f"({counts.get('high_precision', 0)} kept in high precision by the policy, "
+        f"{counts.get('fallback', 0)} fell back: {reasons}); a policy that keeps the last 2 steps keeps "
+        "every call when the run has 2 steps: run more steps, or name other --modules"
+    )
 
 
 def evaluate_pipeline(
@@ -132,9 +264,14 @@ def evaluate_pipeline(
     call_kwargs: Mapping[str, Any] | None = None,
     extra_metrics: Mapping[str, FrameMetric] | None = None,
     progress: bool = True,
+    modules: Sequence[str] | None = None,
+    strict: bool = False,
 ) -> PipelineEval:
     """Run `pipe(prompt=..., generator=torch.Generator().manual_seed(seed), **call_kwargs)` for the
     reference and every method with paired prompts and seeds; compare frames with the reference's.
+
+    `modules` and `strict` as `route_attention` (default: the denoiser only; fallbacks warn). Raises
+    `NothingQuantizedError` when a quantized method quantized no call in the first sample.
     """
     from tqdm.auto import tqdm
 
@@ -149,8 +286,17 @@ def evaluate_pipeline(
             frames: dict[str, np.ndarray] = {}
             for m in runs:
                 gen = torch.Generator(device="cpu" if device.type == "mps" else device).manual_seed(seed)
-                with route_attention(pipe, m, policy if m != reference else None):
+                p = policy if m != reference else None
+                with route_attention(pipe, m, p, modules=modules, strict=strict) as counts:
                     frames[m] = frames_of(pipe(prompt=prompt, generator=gen, **kwargs))
+                if counts:
+                    total = res.calls.get(m)
+                    res.calls[m] = {
+                        **merge_counts(*(c for c in (total, counts) if c)),
+                        "modules": counts["modules"],
+                    }
+                    if not res.samples:
+                        _check_quantized(m, counts)
                 bar.update(1)
             metrics = {m: frame_metrics(frames[m], frames[reference]) for m in runs}
             for name, fn in (extra_metrics or {}).items():
@@ -203,12 +349,22 @@ def write_report(res: PipelineEval, out: Path, *, meta: Mapping[str, Any] | None
         else ["cosine", "ssim", "psnr"]
     )
     (out / "eval.json").write_text(
-        json.dumps({"meta": dict(meta or {}), "methods": res.methods, "samples": res.samples}, indent=1)
+        json.dumps(
+            {"meta": dict(meta or {}), "methods": res.methods, "calls": res.calls, "samples": res.samples},
+            indent=1,
+        )
     )
     lines = ["# Paired-seed evaluation against FP", ""]
     if meta:
         lines += [", ".join(f"{k}: {v}" for k, v in meta.items()), ""]
     lines += ["Similarity to the FP output (mean over samples and frames):", "", res.table(metric_names), ""]
+    modules = sorted({n for c in res.calls.values() for n in c.get("modules", [])})
+    lines += [
+        f"Attention calls over every run (routed components: {', '.join(modules) or '-'}):",
+        "",
+        res.calls_table(),
+        "",
+    ]
     for (pi, seed), frames in res.frames.items():
         name = f"grid_p{pi}_s{seed}.png"
         save_frame_grid(frames, out / name, title=f"prompt {pi}, seed {seed}")

@@ -3,7 +3,8 @@
 Exposes `patch_sdpa`, `enable`, `disable`, `stats`, `SdpaPatch` (sdpa_patch), `PrecisionPolicy`,
 `AttentionSite`, `current_site` (policy), `FallbackError`, `FallbackWarning` (_routing) and, importing
 diffusers on first use, `register_diffusers_backend`, `register_preset_backends`, `backend_name`,
-`backend_stats` (diffusers_backend). Imports `attention`, `dispatch` and `kernels.op` (the custom op,
+`backend_stats` (diffusers_backend), `register_diffusers_varlen_backend`, `varlen_backend_stats`
+(diffusers_varlen). Imports `attention`, `dispatch`, `varlen` and `kernels.op` (the custom ops,
 `InferenceOnlyError`) only.
 """
 
@@ -16,6 +17,7 @@ from mxattention.integrations.policy import AttentionSite, PrecisionPolicy, curr
 from mxattention.integrations.sdpa_patch import SdpaPatch, disable, enable, patch_sdpa, stats
 
 _DIFFUSERS = ("register_diffusers_backend", "register_preset_backends", "backend_name", "backend_stats")
+_DIFFUSERS_VARLEN = ("register_diffusers_varlen_backend", "varlen_backend_stats")
 
 __all__ = [
     "AttentionSite",
@@ -29,6 +31,7 @@ __all__ = [
     "patch_sdpa",
     "stats",
     *_DIFFUSERS,
+    *_DIFFUSERS_VARLEN,
 ]
 
 
@@ -38,4 +41,8 @@ def __getattr__(name: str) -> Any:
         from mxattention.integrations import diffusers_backend
 
         return getattr(diffusers_backend, name)
+    if name in _DIFFUSERS_VARLEN:
+        from mxattention.integrations import diffusers_varlen
+
+        return getattr(diffusers_varlen, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,38 +18,80 @@ def test_help_for_every_subcommand(capsys):
         assert "usage: mxattention" in capsys.readouterr().out
 
 
-def test_demo_small(tmp_path, capsys):
+@pytest.fixture
+def quick_rowsums(monkeypatch):
+    """The study's row-sum study with a 6-point global-scaling grid instead of 101 (10x less work)."""
+    import functools
+
+    import mxattention.eval.study as study
+
+    monkeypatch.setattr(
+        study, "rowsum_study", functools.partial(study.rowsum_study, global_grid=torch.linspace(1.0, 1.5, 6))
+    )
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_demo_small(tmp_path, capsys, quick_rowsums):
     pytest.importorskip("transformers")
     pytest.importorskip("terrain_diffusion")
     rc = main(
         [
             "demo",
             "--out",
-            str(tmp_path),
+            str(tmp_path / "new" / "demo"),
             "--texts",
             "2",
             "--seeds",
             "0",
+            "3",
             "--methods",
             "mxfp4-ocp",
             "mxattention",
+            "--threads",
+            "1",
         ]
     )
     assert rc == 0
-    out = capsys.readouterr().out
-    assert "mxattention" in out and "terrain PSNR dB" in out
-    report = (tmp_path / "report.md").read_text()
+    out = tmp_path / "new" / "demo"
+    captured = capsys.readouterr()
+    assert "mxattention" in captured.out and "terrain PSNR dB" in captured.out
+    assert "mean of 2 paired seed(s)" in captured.out
+    assert "torch threads: 1 (--threads" in captured.err
+    assert "terrain: layer errors, row sums, q sweeps" in captured.err  # the progress bars
+    assert "Loading weights" not in captured.err
+    report = (out / "report.md").read_text()
+    lines = report.splitlines()
     for png in (
         "heightmaps.png",
         "rowsums.png",
         "terrain_layer_errors.png",
         "minilm_layer_errors.png",
         "terrain_psnr.png",
+        "uos_objective.png",
     ):
-        assert (tmp_path / png).stat().st_size > 5000
-        assert png in report
-    data = json.loads((tmp_path / "study.json").read_text())
+        assert (out / png).stat().st_size > 5000
+        at = next(i for i, line in enumerate(lines) if line.startswith("![") and f"({png})" in line)
+        assert lines[at + 2].startswith("*"), f"no caption under {png}"
+    data = json.loads((out / "study.json").read_text())
     assert set(data["terrain"]["heightmap_quality"]) == {"fp", "mxfp4-ocp", "mxattention"}
+    # The conclusion quotes the numbers of the tables.
+    q = data["terrain"]["heightmap_quality"]
+    concl = report.split("## Conclusion")[1].split("##")[0]
+    assert f"mxattention {q['mxattention']['psnr_db']:.2f} dB" in concl
+    assert f"{min(q['mxattention']['psnr_per_seed']):.1f}-" in concl
+    # Attention calls counted by the patch: 28 per heightmap, 2 seeds, nothing fell back.
+    calls = data["terrain"]["attention_calls"]
+    assert calls["mxattention"] == {"routed": 56, "high_precision": 0, "fallback": 0, "fallback_reasons": {}}
+    assert "| mxattention | " in report and " 56 / 0 / 0 |" in report
+    assert data["minilm"]["attention_calls"]["fp"]["routed"] == 6
+    # The row-sum figure is the layer the caption names: the one with the highest mean entropy.
+    rs = data["terrain"]["rowsum"]
+    top = max(range(len(rs)), key=lambda i: rs[i]["mean_entropy"])
+    caption = next(line for line in lines if line.startswith("*Row sums"))
+    assert data["terrain"]["layers"][top] in caption and f"{rs[top]['mean_row_sum']:.4f}" in caption
+    assert "heightmap PSNR (dB, mean of 2)" in report and "(1 = identical)" in report
 
 
 def test_demo_rejects_unknown_method(capsys):

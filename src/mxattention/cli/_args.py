@@ -202,3 +202,15 @@ def write_parents(path: Path) -> Path:
     """Create the missing parent folders of output file `path` (the rule of `check_out_file`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """--threads and --no-progress, the same for every command that runs the models."""
+    parser.add_argument(
+        "--threads",
+        type=int_in(1),
+        default=None,
+        help="torch CPU threads (default: $OMP_NUM_THREADS if set, else the free cores: "
+        "cores - the 1-minute load average, at least 1)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")

@@ -11,7 +11,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mxattention.cli._args import check_methods, check_out_dir, check_unique, int_in, methods_help, seed_arg
+from mxattention.cli._args import (
+    add_run_options,
+    check_methods,
+    check_out_dir,
+    check_unique,
+    int_in,
+    methods_help,
+    seed_arg,
+)
 
 NAME = "demo"
 HELP = "run the real models with fp, OCP, NVFP4, Sage and MXAttention; write a report with pictures"
@@ -39,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=list(DEMO_METHODS),
         help=methods_help("methods (fp is always added as the reference)"),
     )
+    add_run_options(parser)
 
 
 def _max_texts() -> int | None:
@@ -63,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         args.methods = ["fp", *args.methods]
     try:
         from mxattention.eval.demo import run_demo, summary_table
+        from mxattention.eval.runtime import quiet_third_party_logs, use_threads
     except ImportError as exc:
         print(
             f"mxattention demo: a package it needs is missing ({exc.name}); run scripts/setup.sh",
@@ -71,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     flags = ["--out", str(out), "--texts", str(args.texts), "--seeds", *map(str, args.seeds)]
     flags += ["--methods", *args.methods]
-    res = run_demo(out, args.methods, args.texts, args.seeds, argv=flags)
+    quiet_third_party_logs()
+    use_threads(args.threads)
+    res = run_demo(out, args.methods, args.texts, args.seeds, argv=flags, show_progress=not args.no_progress)
     print(summary_table(res))
     print(f"\nreport: {out / 'report.md'}  ({res['meta']['demo_seconds']:.0f} s)")
     return 0

@@ -14,6 +14,7 @@ import json
 import sys
 
 from mxattention.cli._args import (
+    add_run_options,
     check_in_file,
     check_methods,
     check_out_file,
@@ -54,6 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="save the row-sum figure (Figure 7) of the first layer to this PNG (default: none)",
     )
+    add_run_options(parser)
 
 
 def load_tensors(parser: argparse.ArgumentParser, value: str) -> list:
@@ -105,6 +107,18 @@ def _load_layers(args: argparse.Namespace):
     return args.layers
 
 
+def _row(line: str, bar: bool) -> None:
+    """A table row on stdout, flushed at once (the run takes minutes; a pipe would hold it back);
+    with a progress bar, written around it so the bar stays whole."""
+    if bar:
+        from tqdm.auto import tqdm
+
+        tqdm.write(line, file=sys.stdout)
+        sys.stdout.flush()
+    else:
+        print(line, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     parser = args.parser
     check_methods(parser, args.methods)
@@ -113,8 +127,13 @@ def run(args: argparse.Namespace) -> int:
     args.layers = load_tensors(parser, args.tensors) if args.tensors is not None else None
 
     from mxattention.eval.diagnostics import method_errors, q_sweep, rowsum_study
+    from mxattention.eval.runtime import progress, quiet_third_party_logs, use_threads
 
+    quiet_third_party_logs()
+    use_threads(args.threads)
     try:
+        if args.model is not None and not args.no_progress:
+            print(f"capturing the attention layers of {args.model} ...", file=sys.stderr, flush=True)
         layers = _load_layers(args)
     except ImportError as exc:
         print(
@@ -125,9 +144,12 @@ def run(args: argparse.Namespace) -> int:
     results = []
     print(
         f"{'layer':10s} {'shape':>20s} {'mean row sum':>12s} {'best q (Q/K/V)':>20s}  "
-        + "  ".join(f"{m:>14s}" for m in args.methods)
+        + "  ".join(f"{m:>14s}" for m in args.methods),
+        flush=True,
     )
-    for i, lay in enumerate(layers):
+    for i, lay in enumerate(
+        progress(layers, "layers: row sums, q sweeps, errors", enabled=not args.no_progress)
+    ):
         st = rowsum_study(lay.q, lay.k, scale=lay.scale, key_mask=lay.attn_mask, rule=args.rule)
         best = [q_sweep(lay.q, -1).best_q, q_sweep(lay.k, -1).best_q, q_sweep(lay.v, -2).best_q]
         errs = method_errors(lay.q, lay.k, lay.v, args.methods, attn_mask=lay.attn_mask, scale=lay.scale)
@@ -140,9 +162,10 @@ def run(args: argparse.Namespace) -> int:
                 "rel_l2": {e.method: e.rel_l2 for e in errs},
             }
         )
-        print(
+        _row(
             f"{lay.name:10s} {tuple(lay.q.shape)!s:>20s} {st.mean_row_sum:12.4f} {'/'.join(f'{b:.2f}' for b in best):>20s}  "
-            + "  ".join(f"{e.rel_l2:14.4f}" for e in errs)
+            + "  ".join(f"{e.rel_l2:14.4f}" for e in errs),
+            not args.no_progress,
         )
         if i == 0 and plot_path is not None:
             from mxattention.eval.plots import plot_rowsums

@@ -110,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
         args.parser.error(f"--prompts {args.prompts} holds no prompt")
     if args.policy == "wan22" and (args.steps is None or args.steps < 2):
         args.parser.error("--policy wan22 needs --steps >= 2 (it keeps the last 2 steps in high precision)")
+    from mxattention.eval.runtime import quiet_third_party_logs
+
+    quiet_third_party_logs()  # before diffusers' import, which logs one of them
     try:
         from diffusers import DiffusionPipeline
 

@@ -311,30 +311,36 @@ def evaluate_pipeline(
 def save_frame_grid(
     frames: Mapping[str, np.ndarray], path: Path, *, n_frames: int = 3, title: str = ""
 ) -> None:
-    """Rows = methods, columns = frames sampled evenly from the clip, then |method - ref| of the middle frame."""
+    """Rows = methods, columns = frames sampled evenly from the clip, then |method - ref| of the middle
+    frame (mean over colour channels, pixel values in [0, 1]) on one colour scale for all rows: its
+    maximum is the largest difference of any method (colour bar), each panel's own maximum in its title."""
     from matplotlib.figure import Figure
 
     methods = list(frames)
     ref = frames[methods[0]]
     idx = np.linspace(0, ref.shape[0] - 1, min(n_frames, ref.shape[0])).round().astype(int)
     cols = len(idx) + 1
-    fig = Figure(figsize=(2.2 * cols, 2.2 * len(methods)), layout="constrained")
+    fig = Figure(figsize=(2.2 * cols + 0.8, 2.2 * len(methods)), layout="constrained")
     axes = fig.subplots(len(methods), cols, squeeze=False)
     mid = idx[len(idx) // 2]
+    diffs = {m: np.abs(frames[m][mid] - ref[mid]).mean(-1) for m in methods}
+    dmax = max(float(d.max()) for d in diffs.values()) or 1.0  # all identical: any scale shows black
+    im = None
     for r, m in enumerate(methods):
         for c, f in enumerate(idx):
             axes[r, c].imshow(np.clip(frames[m][f], 0, 1))
             axes[r, c].set_axis_off()
             if r == 0:
                 axes[r, c].set_title(f"frame {f}", fontsize=8)
-        diff = np.abs(frames[m][mid] - ref[mid]).mean(-1)
-        axes[r, -1].imshow(diff, cmap="magma", vmin=0, vmax=max(0.05, float(diff.max())))
+        im = axes[r, -1].imshow(diffs[m], cmap="magma", vmin=0, vmax=dmax)
         axes[r, -1].set_axis_off()
+        axes[r, -1].set_title(
+            f"|diff| frame {mid}: reference" if r == 0 else f"max {float(diffs[m].max()):.4f}", fontsize=8
+        )
         axes[r, 0].text(
             -0.1, 0.5, m, transform=axes[r, 0].transAxes, rotation=90, va="center", ha="right", fontsize=8
         )
-        if r == 0:
-            axes[r, -1].set_title(f"|diff| frame {mid}", fontsize=8)
+    fig.colorbar(im, ax=axes[:, -1].tolist(), shrink=0.8, label=f"|method - {methods[0]}|, max {dmax:.4f}")
     if title:
         fig.suptitle(title, fontsize=9)
     fig.savefig(path, dpi=100)
@@ -368,6 +374,14 @@ def write_report(res: PipelineEval, out: Path, *, meta: Mapping[str, Any] | None
     for (pi, seed), frames in res.frames.items():
         name = f"grid_p{pi}_s{seed}.png"
         save_frame_grid(frames, out / name, title=f"prompt {pi}, seed {seed}")
-        lines += [f"![prompt {pi} seed {seed}]({name})", ""]
+        lines += [
+            f"![prompt {pi} seed {seed}]({name})",
+            "",
+            f"*Prompt {pi}, seed {seed}: rows are methods ({res.methods[0]} first, the reference), columns "
+            "frames of the clip; the last column is |method - reference| of the middle frame on one colour "
+            "scale for all rows (pixel values in [0, 1], colour bar at the right, each panel's maximum in its "
+            "title).*",
+            "",
+        ]
     (out / "eval.md").write_text("\n".join(lines))
     return out / "eval.md"

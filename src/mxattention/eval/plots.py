@@ -1,10 +1,11 @@
 """Figures of the reports (matplotlib, Agg canvas via `Figure`, no pyplot state).
 
-- `plot_heightmaps`: generated heightmaps per method side by side with |method - fp| maps.
+- `plot_heightmaps`: generated heightmaps per method side by side with |method - fp| maps (rows labelled
+  by seed, a colour bar per row, the maximum difference in each panel's title).
 - `plot_layer_errors`: attention-output rel-L2 per layer, one line per method.
 - `plot_rowsums`: the paper's Figure 7 (C, D): row sums of directly quantized P against row
   entropy, and the row-sum histogram of direct quantization against the global-scaling baseline.
-- `plot_method_bars`: one number per method (e.g. PSNR) as bars.
+- `plot_method_bars`: one number per method (e.g. PSNR) as bars, the value on each bar.
 - `plot_figure2`: the paper's Figure 2, the UOS objective J(q) for several phase densities.
 matplotlib is imported inside each function so the core package does not need it.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,15 +31,22 @@ def _figure(w: float, h: float):
 
 
 def plot_heightmaps(
-    maps: Mapping[str, torch.Tensor], path: Path, *, max_seeds: int = 2, ref: str = "fp"
+    maps: Mapping[str, torch.Tensor],
+    path: Path,
+    *,
+    max_seeds: int = 2,
+    ref: str = "fp",
+    seeds: Sequence[int] = (),
 ) -> None:
-    """maps: method -> [N, 1, H, W] heightmaps (metres), paired by seed. Two rows per seed:
-    the maps (shared colour scale) and |map - fp| (shared scale over methods)."""
+    """maps: method -> [N, 1, H, W] heightmaps (metres), paired by seed. Two rows per seed, labelled:
+    the maps (one colour scale per seed, from the reference) and |map - ref| (one scale over methods,
+    its maximum in each panel's title). `seeds` names the rows (default: the map index)."""
     methods = list(maps)
     n = min(max_seeds, next(iter(maps.values())).shape[0])
-    fig = _figure(2.0 * len(methods), 4.1 * n)
+    fig = _figure(2.0 * len(methods) + 0.6, 4.1 * n)
     axes = fig.subplots(2 * n, len(methods), squeeze=False)
     for s in range(n):
+        seed = seeds[s] if s < len(seeds) else s
         base = maps[ref][s, 0].numpy()
         vmin, vmax = float(base.min()), float(base.max())
         dmax = max(float((maps[m][s, 0] - maps[ref][s, 0]).abs().max()) for m in methods) or 1.0
@@ -46,14 +55,22 @@ def plot_heightmaps(
             ax = axes[2 * s, j]
             im = ax.imshow(img, cmap="terrain", vmin=vmin, vmax=vmax)
             ax.set_title(m, fontsize=8)
-            ax.set_axis_off()
+            ax.set_xticks([])
+            ax.set_yticks([])
             ax2 = axes[2 * s + 1, j]
-            im2 = ax2.imshow(abs(img - base), cmap="magma", vmin=0, vmax=dmax)
-            ax2.set_title(f"|diff| max {abs(img - base).max():.2f} m", fontsize=7)
-            ax2.set_axis_off()
+            diff = abs(img - base)
+            im2 = ax2.imshow(diff, cmap="magma", vmin=0, vmax=dmax)
+            ax2.set_title("reference" if m == ref else f"max {diff.max():.3f} m", fontsize=7)
+            ax2.set_xticks([])
+            ax2.set_yticks([])
+        axes[2 * s, 0].set_ylabel(f"seed {seed}\nheight", fontsize=8)
+        axes[2 * s + 1, 0].set_ylabel(f"seed {seed}\n|map - {ref}|", fontsize=8)
         fig.colorbar(im, ax=axes[2 * s, :].tolist(), shrink=0.8, label="height (m)")
-        fig.colorbar(im2, ax=axes[2 * s + 1, :].tolist(), shrink=0.8, label="|difference| (m)")
+        fig.colorbar(
+            im2, ax=axes[2 * s + 1, :].tolist(), shrink=0.8, label=f"|difference| (m), max {dmax:.3f}"
+        )
     fig.savefig(path, dpi=110)
+    return fig
 
 
 def plot_layer_errors(errors: Mapping[str, Sequence[float]], path: Path, *, title: str) -> None:
@@ -96,15 +113,21 @@ def plot_rowsums(
     fig.savefig(path, dpi=130)
 
 
-def plot_method_bars(values: Mapping[str, float], path: Path, *, ylabel: str, title: str) -> None:
-    fig = _figure(8.0, 3.4)
+def plot_method_bars(
+    values: Mapping[str, float], path: Path, *, ylabel: str, title: str, fmt: str = "{:.2f}"
+) -> Any:
+    """One bar per method, its value written on the bar; returns the matplotlib Figure."""
+    fig = _figure(8.0, 3.6)
     ax = fig.subplots()
     names = list(values)
-    ax.bar(range(len(names)), [values[n] for n in names], color="tab:blue")
+    bars = ax.bar(range(len(names)), [values[n] for n in names], color="tab:blue")
+    ax.bar_label(bars, labels=[fmt.format(values[n]) for n in names], fontsize=7, padding=2)
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     ax.set(ylabel=ylabel, title=title)
+    ax.margins(y=0.12)
     ax.grid(axis="y", alpha=0.3)
     fig.savefig(path, dpi=130)
+    return fig
 
 
 def theory_q_grid(elem: str, steps: int) -> np.ndarray:

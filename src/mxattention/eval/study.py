@@ -12,60 +12,80 @@ Writes `study.json` (every number) and `study.md` (the tables) under --out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from mxattention.attention.config import ABLATION, list_methods
+from mxattention.attention.config import ABLATION, get_method, list_methods
 from mxattention.dispatch import scaled_dot_product_attention
-from mxattention.eval.diagnostics import method_errors, q_sweep, rowsum_study, sweep_histogram
+from mxattention.eval.diagnostics import RowSumStudy, method_errors, q_sweep, rowsum_study, sweep_histogram
 from mxattention.eval.models.qkv import LayerQKV
+from mxattention.eval.runtime import progress
 
 DEFAULT_METHODS = tuple(list_methods())
 
 
 def attn_fn_for(method: str) -> Callable[..., torch.Tensor]:
-    """An SDPA-signature callable computing attention with `method`."""
+    """An SDPA-signature callable computing attention with `method` (mxattention's entry, no counting)."""
     return partial(scaled_dot_product_attention, method=method)
 
 
-def layer_errors(layers: Sequence[LayerQKV], methods: Sequence[str]) -> dict[str, list[float]]:
-    """rel-L2 error of each method's attention output, per layer (in order)."""
-    from tqdm.auto import tqdm
-
-    per: dict[str, list[float]] = {m: [] for m in methods}
-    for layer in tqdm(layers, desc="layer errors", leave=False):
-        rows = method_errors(layer.q, layer.k, layer.v, methods, attn_mask=layer.attn_mask, scale=layer.scale)
-        for r in rows:
-            per[r.method].append(r.rel_l2)
-    return per
+def _torch_sdpa_at_call_time(*args: Any, **kwargs: Any) -> torch.Tensor:
+    # Looked up per call, so the patch installed by `routed` (if any) serves it.
+    return torch.nn.functional.scaled_dot_product_attention(*args, **kwargs)
 
 
-def tensor_sweeps(layers: Sequence[LayerQKV]) -> dict[str, dict]:
-    """Best q per tensor (Q, K along the head dim; V along the tokens) and their histograms."""
+@contextlib.contextmanager
+def routed(method: str) -> Iterator[tuple[Callable[..., torch.Tensor], Callable[[], dict]]]:
+    """(attn_fn, stats) for a model run with `method`: each call goes through `patch_sdpa(method)`,
+    whose counts (routed / high_precision / fallback by reason) `stats()` returns."""
+    from mxattention.integrations import patch_sdpa
+
+    with patch_sdpa(method) as patch:
+        yield _torch_sdpa_at_call_time, patch.stats
+
+
+def _calls(stats: dict) -> dict:
+    """The JSON part of a patch's stats (the mask shapes are left out)."""
+    return {k: stats[k] for k in ("routed", "high_precision", "fallback", "fallback_reasons")}
+
+
+def layer_studies(
+    layers: Sequence[LayerQKV], methods: Sequence[str], *, desc: str, show: bool = True
+) -> tuple[dict[str, list[float]], list[dict], dict[str, dict], list[RowSumStudy]]:
+    """Per layer: each method's attention rel-L2 against fp, the row-sum study (OCP), the q sweeps.
+
+    Returns (rel-L2 per method per layer, row-sum summaries, q-sweep histograms, the RowSumStudy
+    objects for figures). The row-sum study materializes P per layer (a diagnostic).
+    """
+    errors: dict[str, list[float]] = {m: [] for m in methods}
+    summaries, studies = [], []
     best: dict[str, list[float]] = {"Q": [], "K": [], "V": []}
-    for layer in layers:
+    for layer in progress(layers, desc, enabled=show):
+        for r in method_errors(
+            layer.q, layer.k, layer.v, methods, attn_mask=layer.attn_mask, scale=layer.scale
+        ):
+            errors[r.method].append(r.rel_l2)
+        st = rowsum_study(layer.q, layer.k, scale=layer.scale, key_mask=layer.attn_mask, rule="ocp")
+        summary = st.summary()
+        summary["layer"] = layer.name
+        summaries.append(summary)
+        studies.append(st)
         best["Q"].append(q_sweep(layer.q, -1).best_q)
         best["K"].append(q_sweep(layer.k, -1).best_q)
         best["V"].append(q_sweep(layer.v, -2).best_q)
-    return {t: {"best_q": qs, "histogram": sweep_histogram(qs)} for t, qs in best.items()}
-
-
-def rowsums(layers: Sequence[LayerQKV]) -> list[dict]:
-    out = []
-    for layer in layers:
-        s = rowsum_study(layer.q, layer.k, scale=layer.scale, key_mask=layer.attn_mask, rule="ocp").summary()
-        s["layer"] = layer.name
-        out.append(s)
-    return out
+    sweeps = {t: {"best_q": qs, "histogram": sweep_histogram(qs)} for t, qs in best.items()}
+    return errors, summaries, sweeps, studies
 
 
 def _mean_split(studies: list[dict]) -> dict[str, float]:
@@ -73,23 +93,36 @@ def _mean_split(studies: list[dict]) -> dict[str, float]:
     return {k: statistics.fmean(s["split"][k] for s in studies) for k in keys}
 
 
-def minilm_part(methods: Sequence[str], n_texts: int) -> dict:
+def minilm_part(methods: Sequence[str], n_texts: int, *, show: bool = True) -> dict:
     from mxattention.eval.models.minilm import MiniLMRunner, sample_texts
 
     runner = MiniLMRunner(sample_texts(n_texts, seed=0))
     layers = runner.capture()
-    ref = runner.embed(attn_fn_for("fp"))
-    cos = {
-        m: float(torch.nn.functional.cosine_similarity(runner.embed(attn_fn_for(m)), ref, dim=1).mean())
-        for m in methods
-    }
+    with routed("fp") as (fn, stats):
+        ref = runner.embed(fn)
+    ref_calls = _calls(stats())
+    cos, calls = {}, {}
+    for m in progress(methods, "MiniLM: embeddings, one run per method", enabled=show):
+        if m == "fp":
+            emb, calls[m] = ref, ref_calls
+        else:
+            with routed(m) as (fn, stats):
+                emb = runner.embed(fn)
+            calls[m] = _calls(stats())
+        cos[m] = float(torch.nn.functional.cosine_similarity(emb, ref, dim=1).mean())
+    errors, summaries, sweeps, studies = layer_studies(
+        layers, methods, desc="MiniLM: layer errors, row sums, q sweeps", show=show
+    )
     return {
         "texts": n_texts,
         "tokens": [int(t) for t in runner.token_counts],
-        "layer_rel_l2": layer_errors(layers, methods),
+        "layers": [f"{lay.name} {tuple(lay.q.shape)}" for lay in layers],
+        "attention_calls": calls,
+        "layer_rel_l2": errors,
         "embedding_cosine": cos,
-        "rowsum": rowsums(layers),
-        "q_sweep": tensor_sweeps(layers),
+        "rowsum": summaries,
+        "q_sweep": sweeps,
+        "_rowsum_studies": studies,
     }
 
 
@@ -109,27 +142,38 @@ def heightmap_quality(hm: torch.Tensor, ref: torch.Tensor) -> dict:
     return {"psnr_db": statistics.fmean(psnr), "ssim": statistics.fmean(ssim), "psnr_per_seed": psnr}
 
 
-def terrain_part(methods: Sequence[str], seeds: Sequence[int]) -> dict:
+def terrain_part(methods: Sequence[str], seeds: Sequence[int], *, show: bool = True) -> dict:
     from mxattention.eval.models.terrain import capture_terrain_qkv, generate_heightmaps
 
     layers = capture_terrain_qkv(seeds[:1])
-    ref = generate_heightmaps(seeds, attn_fn=attn_fn_for("fp"))
+    with routed("fp") as (fn, stats):
+        ref = generate_heightmaps(seeds, attn_fn=fn)
+    ref_calls = _calls(stats())
     quality: dict[str, dict] = {}
+    calls: dict[str, dict] = {}
     maps: dict[str, torch.Tensor] = {"fp": ref}
-    from tqdm.auto import tqdm
-
-    for m in tqdm(methods, desc="terrain heightmaps", leave=False):
-        hm = ref if m == "fp" else generate_heightmaps(seeds, attn_fn=attn_fn_for(m))
+    for m in progress(methods, f"terrain: {len(seeds)} heightmap(s) per method", enabled=show):
+        if m == "fp":
+            hm, calls[m] = ref, ref_calls
+        else:
+            with routed(m) as (fn, stats):
+                hm = generate_heightmaps(seeds, attn_fn=fn)
+            calls[m] = _calls(stats())
         maps[m] = hm
         quality[m] = heightmap_quality(hm, ref)
+    errors, summaries, sweeps, studies = layer_studies(
+        layers, methods, desc="terrain: layer errors, row sums, q sweeps", show=show
+    )
     return {
         "seeds": list(seeds),
         "layers": [f"{lay.name} {tuple(lay.q.shape)}" for lay in layers],
-        "layer_rel_l2": layer_errors(layers, methods),
+        "attention_calls": calls,
+        "layer_rel_l2": errors,
         "heightmap_quality": quality,
-        "rowsum": rowsums(layers),
-        "q_sweep": tensor_sweeps(layers),
+        "rowsum": summaries,
+        "q_sweep": sweeps,
         "_maps": maps,
+        "_rowsum_studies": studies,
     }
 
 
@@ -139,52 +183,177 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]
     return lines
 
 
-def render_markdown(res: dict) -> str:
+README_LABELS = {
+    "mxfp4-ocp": "mxfp4-ocp (direct OCP)",
+    "mxattention": "**mxattention** (Hadamard + UOS + PNQ)",
+}
+TABLE_FILE = "readme_table.md"
+README_BEGIN = "<!-- study table: generated by python -m mxattention.eval.study, do not edit -->"
+README_END = "<!-- end of study table -->"
+
+
+def _calls_cell(method: str, calls: dict | None) -> str:
+    """'quantized / kept high / fell back' for one method's model runs (fp: its full-precision calls)."""
+    if calls is None:
+        return "not recorded"
+    quantized = calls["routed"] if get_method(method).quantized else 0
+    cell = f"{quantized} / {calls['high_precision']} / {calls['fallback']}"
+    if calls["fallback"]:
+        cell += " (" + ", ".join(f"{r}: {n}" for r, n in sorted(calls["fallback_reasons"].items())) + ")"
+    if not get_method(method).quantized:
+        cell += f", {calls['routed']} in full precision"
+    return cell
+
+
+def _psnr(q: dict) -> str:
+    return "identical" if q["psnr_db"] == float("inf") else f"{q['psnr_db']:.2f}"
+
+
+def conclusion(res: dict) -> list[str]:
+    """A few sentences with the headline numbers (only for the methods this run has)."""
+    out: list[str] = []
+    t, m = res["terrain"], res["minilm"]
+    q = t["heightmap_quality"]
+    n = len(t["seeds"])
+    steps = [
+        ("mxfp4-ocp", "direct OCP MXFP4"),
+        ("mxfp4-ocp-hadamard", "+ Hadamard"),
+        ("mxfp4-ocp-hadamard-pnq", "+ PNQ"),
+        ("mxattention", "+ UOS (= mxattention)"),
+    ]
+    have = [(k, label) for k, label in steps if k in q]
+    if len(have) < len(steps):  # not the whole ablation: plain method names
+        have = [(k, k) for k, _ in have]
+    if have:
+        chain = ", ".join(f"{label} {q[k]['psnr_db']:.2f} dB" for k, label in have)
+        out.append(f"Terrain UNet, heightmap PSNR against fp (mean of {n} paired seed(s)): {chain}.")
+    if "mxattention" in q and "mxfp4-ocp" in q:
+        gain = q["mxattention"]["psnr_db"] - q["mxfp4-ocp"]["psnr_db"]
+        per = q["mxattention"]["psnr_per_seed"]
+        out.append(
+            f"MXAttention is {gain:+.2f} dB against direct OCP MXFP4; its per-seed PSNR spans "
+            f"{min(per):.1f}-{max(per):.1f} dB, so a mean over few seeds moves by several dB."
+        )
+    others = [k for k in ("nvfp4", "nvfp4-sage", "mxattention-pv8") if k in q]
+    if others:
+        out.append("For comparison: " + ", ".join(f"{k} {q[k]['psnr_db']:.2f} dB" for k in others) + ".")
+    cos = m["embedding_cosine"]
+    keys = [k for k in ("mxfp4-ocp", "mxattention", "nvfp4", "nvfp4-sage") if k in cos]
+    if keys:
+        out.append(
+            f"MiniLM-L6 ({m['texts']} sentences), sentence-embedding cosine to fp: "
+            + ", ".join(f"{k} {cos[k]:.5f}" for k in keys)
+            + " (head dim 32 is one MX block per row, so the MXFP4 variants differ little here)."
+        )
+    return [" ".join(out)] if out else []
+
+
+def results_table(res: dict) -> str:
+    """The README's results table (markdown, with its caption line): every method of the run but fp."""
+    t, m = res["terrain"], res["minilm"]
+    seeds = ", ".join(map(str, t["seeds"]))
     meta = res["meta"]
+    lines = [
+        f"Terrain-diffusion UNet (28 attention layers, {len(t['seeds'])} paired seed(s): {seeds}): heightmap "
+        f"PSNR (dB) and SSIM (1 = identical) against fp; MiniLM-L6 ({m['texts']} sentences): "
+        f"sentence-embedding cosine to fp (1 = identical). `{meta['command']}`, {meta['date']}, "
+        f"{meta['machine']}; written to docs/results/{TABLE_FILE}.",
+        "",
+    ]
+    rows = []
+    for k in t["heightmap_quality"]:
+        if k == "fp":
+            continue
+        q = t["heightmap_quality"][k]
+        cells = [_psnr(q), f"{q['ssim']:.4f}", f"{m['embedding_cosine'][k]:.5f}"]
+        if k == "mxattention":
+            cells = [f"**{c}**" for c in cells[:2]] + cells[2:]
+        rows.append([README_LABELS.get(k, k), *cells])
+    lines += _table(["method", "terrain PSNR dB", "terrain SSIM", "MiniLM cosine"], rows)
+    return "\n".join(lines).replace("| --- | --- | --- | --- |", "| --- | ---: | ---: | ---: |") + "\n"
+
+
+def update_readme(readme: Path, table: str) -> None:
+    """Replace the text between README_BEGIN and README_END in `readme` by `table`."""
+    text = readme.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        raise ValueError(f"{readme} has no study-table markers ({README_BEGIN!r} ... {README_END!r})")
+    head, rest = text.split(README_BEGIN, 1)
+    _, tail = rest.split(README_END, 1)
+    readme.write_text(f"{head}{README_BEGIN}\n{table}{README_END}{tail}")
+
+
+def render_markdown(res: dict, *, title: str = "Study on real pretrained weights") -> str:
+    meta = res["meta"]
+    threads = f", {meta['threads']} torch thread(s)" if "threads" in meta else ""
     out = [
-        "# Study on real pretrained weights",
+        f"# {title}",
         "",
-        f"{meta['date']}, {meta['machine']}, torch {meta['torch']}. Command: `{meta['command']}` ({meta['seconds']:.0f} s).",
+        f"{meta['date']}, {meta['machine']}, torch {meta['torch']}{threads}. Command: `{meta['command']}` "
+        f"({meta['seconds']:.0f} s).",
         "",
-        "Attention-output error is rel-L2 against the `fp` method on the same captured Q, K, V.",
-        "The row-sum study quantizes the materialized P directly with OCP MXFP4 (a diagnostic).",
+        "## Conclusion",
+        "",
+        *conclusion(res),
+        "",
+        "## How to read the tables",
+        "",
+        "- Attention-output error: rel-L2 = ||O - O_fp|| / ||O_fp|| over a layer's whole output, each method",
+        "  against the `fp` method on the same captured Q, K, V (0 = identical; no unit).",
+        "- Heightmap PSNR in dB against the fp heightmap of the same seed, over the fp map's height range",
+        "  (40 dB = an RMS error of 1 % of that range; higher is closer); SSIM 1 = identical.",
+        "- Embedding cosine: mean over sentences of the cosine between the sentence embedding and fp's (1 = identical).",
+        "- Attention calls (quantized / kept in high precision by a policy / fell back to torch SDPA, by reason):",
+        "  the model runs' calls as counted by `mxattention.patch_sdpa(...).stats()`, summed over the run(s)",
+        "  of each method (no precision policy is used here).",
+        "- The row-sum study quantizes the materialized P directly with OCP MXFP4 (a diagnostic).",
     ]
     for model in ("minilm", "terrain"):
         part = res[model]
         methods = list(part["layer_rel_l2"])
         n_layers = len(next(iter(part["layer_rel_l2"].values())))
-        title = (
-            "MiniLM-L6 (6 layers x 12 heads x 32)"
+        calls = part.get("attention_calls", {})
+        title_m = (
+            "MiniLM-L6 (6 layers x 12 heads x head dim 32)"
             if model == "minilm"
             else "Terrain-diffusion UNet (28 attention layers, head dim 32)"
         )
-        out += ["", f"## {title}", ""]
+        out += ["", f"## {title_m}", ""]
         if model == "minilm":
             out += [
                 f"{part['texts']} sentences from Python's own docstrings, {min(part['tokens'])}-{max(part['tokens'])} tokens.",
-                "",
-            ]
-            e2e_head = ["method", "mean layer rel-L2", "max layer rel-L2", "embedding cosine to fp"]
-            e2e = [
-                [
-                    m,
-                    f"{statistics.fmean(part['layer_rel_l2'][m]):.4f}",
-                    f"{max(part['layer_rel_l2'][m]):.4f}",
-                    f"{part['embedding_cosine'][m]:.6f}",
-                ]
-                for m in methods
-            ]
-        else:
-            out += [
-                f"Seeds {part['seeds']} (paired: the same noise for every method); heightmaps 128 x 128.",
                 "",
             ]
             e2e_head = [
                 "method",
                 "mean layer rel-L2",
                 "max layer rel-L2",
-                "heightmap PSNR dB",
+                "embedding cosine to fp",
+                "attention calls: quantized / high precision / fell back",
+            ]
+            e2e = [
+                [
+                    m,
+                    f"{statistics.fmean(part['layer_rel_l2'][m]):.4f}",
+                    f"{max(part['layer_rel_l2'][m]):.4f}",
+                    f"{part['embedding_cosine'][m]:.6f}",
+                    _calls_cell(m, calls.get(m)),
+                ]
+                for m in methods
+            ]
+        else:
+            n = len(part["seeds"])
+            out += [
+                f"{n} paired seed(s) {part['seeds']} (the same noise for every method); heightmaps 128 x 128.",
+                "",
+            ]
+            e2e_head = [
+                "method",
+                "mean layer rel-L2",
+                "max layer rel-L2",
+                f"heightmap PSNR (dB, mean of {n})",
                 "heightmap SSIM",
+                "attention calls: quantized / high precision / fell back",
             ]
             q = part["heightmap_quality"]
             e2e = [
@@ -192,8 +361,9 @@ def render_markdown(res: dict) -> str:
                     m,
                     f"{statistics.fmean(part['layer_rel_l2'][m]):.4f}",
                     f"{max(part['layer_rel_l2'][m]):.4f}",
-                    f"{q[m]['psnr_db']:.2f}",
+                    _psnr(q[m]),
                     f"{q[m]['ssim']:.4f}",
+                    _calls_cell(m, calls.get(m)),
                 ]
                 for m in methods
             ]
@@ -209,7 +379,7 @@ def render_markdown(res: dict) -> str:
                     for n, m in zip(names, abl, strict=True)
                 ],
             )
-        out += ["", f"Per-layer rel-L2 ({n_layers} layers)", ""]
+        out += ["", f"Per-layer rel-L2 ({n_layers} layers, in call order)", ""]
         out += _table(
             ["method", *[str(i) for i in range(n_layers)]],
             [[m, *[f"{x:.3f}" for x in part["layer_rel_l2"][m]]] for m in methods],
@@ -220,8 +390,9 @@ def render_markdown(res: dict) -> str:
         over_g = statistics.fmean(s["over_normalized_global"] for s in rs)
         out += [
             "",
-            "Row-sum study of directly quantized P (OCP MXFP4), averaged over layers (paper: mean 0.9266;",
-            "zeroing -0.0541, saturation -0.0190, round-down -0.0486, round-up +0.0483)",
+            f"Row-sum study of directly quantized P (OCP MXFP4), the mean over all {len(rs)} layers of each",
+            "layer's mean (paper: mean 0.9266; zeroing -0.0541, saturation -0.0190, round-down -0.0486,",
+            "round-up +0.0483). The split columns add up to mean row sum - 1.",
             "",
         ]
         out += _table(
@@ -231,8 +402,8 @@ def render_markdown(res: dict) -> str:
                 "saturation",
                 "round-down",
                 "round-up",
-                "rows entropy > 5",
-                "over-normalized rows: direct / global scaling",
+                "rows with entropy > 5 nats",
+                "over-normalized rows (sum > 1.001): direct / global scaling",
             ],
             [
                 [
@@ -262,6 +433,14 @@ def render_markdown(res: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def write_outputs(res: dict, out: Path) -> None:
+    """study.json, study.md and the README table file under `out` (from the results alone)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "study.json").write_text(json.dumps(res, indent=1))
+    (out / "study.md").write_text(render_markdown(res))
+    (out / TABLE_FILE).write_text(results_table(res))
+
+
 def run_study(
     out: Path,
     methods: Sequence[str] = DEFAULT_METHODS,
@@ -269,46 +448,101 @@ def run_study(
     seeds: Sequence[int] = (0, 1, 2, 3),
     argv: Sequence[str] = (),
     command: str | None = None,
+    *,
+    show_progress: bool = True,
+    write_tables: bool = True,
 ) -> dict:
-    """Run both models, write study.json and study.md under `out`, return the results.
+    """Run both models, write study.json (and unless not `write_tables`, study.md, readme_table.md and
+    study_heightmaps.pt) under `out`; return the results.
 
     `command` is recorded as the command that reproduces the run (default: this module with `argv`).
+    The returned dict also holds, under keys starting with "_", what the JSON leaves out: the
+    heightmaps (`res["terrain"]["_maps"]`, saved to study_heightmaps.pt) and the RowSumStudy of
+    every layer (`res[model]["_rowsum_studies"]`).
     """
     t0 = time.perf_counter()
-    res = {"minilm": minilm_part(methods, n_texts), "terrain": terrain_part(methods, seeds)}
-    maps = res["terrain"].pop("_maps")
+    res = {
+        "minilm": minilm_part(methods, n_texts, show=show_progress),
+        "terrain": terrain_part(methods, seeds, show=show_progress),
+    }
     res["meta"] = {
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()} CPU"
         if not torch.cuda.is_available()
         else torch.cuda.get_device_name(),
         "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "command": command or ("python -m mxattention.eval.study " + " ".join(argv)).strip(),
         "seconds": time.perf_counter() - t0,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "study.json").write_text(json.dumps(res, indent=1))
-    (out / "study.md").write_text(render_markdown(res))
-    torch.save(maps, out / "study_heightmaps.pt")
+    private = {
+        model: {k: res[model].pop(k) for k in list(res[model]) if k.startswith("_")}
+        for model in ("minilm", "terrain")
+    }
+    if write_tables:
+        write_outputs(res, out)
+        torch.save(private["terrain"]["_maps"], out / "study_heightmaps.pt")
+    else:  # the demo writes its own report next to study.json
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "study.json").write_text(json.dumps(res, indent=1))
+    for model, extra in private.items():
+        res[model].update(extra)
     return res
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mxattention.eval.runtime import quiet_third_party_logs, use_threads
+
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(
         prog="python -m mxattention.eval.study",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--out", type=Path, default=Path("docs/results"))
+    p.add_argument(
+        "--out", type=Path, default=Path("docs/results"), help="output folder (default docs/results)"
+    )
     p.add_argument("--texts", type=int, default=16, help="MiniLM sentences (default 16)")
     p.add_argument(
         "--seeds", type=int, nargs="+", default=[0, 1, 2, 3], help="terrain seeds (default 0 1 2 3)"
     )
-    p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=list(DEFAULT_METHODS))
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        default=list(DEFAULT_METHODS),
+        choices=list(DEFAULT_METHODS),
+        help="methods (default: all presets)",
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: the free cores)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--readme",
+        type=Path,
+        default=None,
+        help="also copy the results table into this README, between its study-table markers",
+    )
+    p.add_argument(
+        "--render-only",
+        action="store_true",
+        help="run nothing: rewrite study.md and readme_table.md from --out/study.json",
+    )
     args = p.parse_args(argv)
-    run_study(args.out, args.methods, args.texts, args.seeds, argv)
+    if args.threads is not None and args.threads < 1:
+        p.error(f"argument --threads: expected an integer >= 1, got {args.threads}")
+    if min(args.seeds) < 0 or args.texts < 1:
+        p.error("--seeds must be >= 0 and --texts >= 1")
+    if args.render_only:
+        src = args.out / "study.json"
+        if not src.is_file():
+            p.error(f"--render-only: {src} does not exist")
+        write_outputs(json.loads(src.read_text()), args.out)
+    else:
+        quiet_third_party_logs()
+        use_threads(args.threads)
+        run_study(args.out, args.methods, args.texts, args.seeds, argv, show_progress=not args.no_progress)
+    if args.readme is not None:
+        update_readme(args.readme, (args.out / TABLE_FILE).read_text())
     print((args.out / "study.md").read_text())
     return 0
 

@@ -53,6 +53,7 @@ class RowSumStudy:
             "rule": self.rule,
             "rows": int(self.row_sums.numel()),
             "mean_row_sum": self.mean_row_sum,
+            "mean_entropy": float(self.entropy.mean()),
             "split": self.split,
             "split_total": sum(self.split.values()),
             "share_rows_entropy_gt_5": float((self.entropy > 5).double().mean()),

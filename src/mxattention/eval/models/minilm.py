@@ -89,13 +89,20 @@ def load_minilm() -> tuple[Any, torch.nn.Module]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     _register_attention()
     path = minilm_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModel.from_pretrained(
-        path, local_files_only=True, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32
-    )
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a "Loading weights" bar for 103 tensors read in milliseconds
+    try:
+        model = AutoModel.from_pretrained(
+            path, local_files_only=True, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32
+        )
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     model.eval()
     if len(model.encoder.layer) != MINILM_LAYERS or model.config.num_attention_heads != MINILM_HEADS:
         raise RuntimeError(f"unexpected MiniLM architecture in {path}: {model.config}")

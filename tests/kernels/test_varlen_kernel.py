@@ -157,3 +157,27 @@ def test_scale_not_positive_as_dense(device, scale):
     dev = [x.to(device) for x in (q, k, v, cu_q, cu_k)]
     out, lse = fused_varlen_attention(*dev, 33, 40, cfg, scale=scale)
     check_per_sequence(q, k, v, cu_q, cu_k, out.cpu(), lse.cpu(), "mxattention", device, scale=scale)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_gpu_d128_bf16_equals_dense_per_sequence(is_causal):
+    # The shapes of real use on the GPU: bf16, head dim 128 (on sm_90 the Gluon Q^ / K^ passes and the
+    # bf16 K^ / V^ layout; on sm_100 dot_scaled), GQA, long and short sequences, one empty.
+    lens_q, lens_k = [1000, 3, 0, 4100, 517], [1000, 77, 40, 4100, 2048]
+    q, k, v, cu_q, cu_k = packed(lens_q, lens_k, hq=8, hk=2, d=128, seed=5)
+    q, k, v = (x.cuda().bfloat16() for x in (q, k, v))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out, lse = mx.varlen_attention(
+            q, k, v, cu_q.cuda(), cu_k.cuda(), is_causal=is_causal, return_lse=True
+        )
+    for q0, q1, k0, k1 in spans(cu_q.tolist(), cu_k.tolist()):
+        if q1 > q0:
+            views = (x[a:b].permute(1, 0, 2)[None] for x, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1)))
+            o, l = mx.scaled_dot_product_attention(
+                *views, is_causal=is_causal, enable_gqa=True, return_lse=True
+            )
+            assert torch.equal(out[q0:q1], o[0].permute(1, 0, 2)) and torch.equal(lse[:, q0:q1], l[0])
+    assert torch.isfinite(out).all()

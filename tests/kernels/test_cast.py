@@ -15,7 +15,15 @@ from mxattention.formats.ladders import E2M1
 from mxattention.formats.mx import fake_quantize
 from mxattention.formats.scale_rules import resolve_rule, shared_exponent
 from mxattention.kernels._triton import tl, triton
-from mxattention.kernels.cast import block_scale, cast_packed, dequant_e2m1, e2m1_round, exp2_int
+from mxattention.kernels.cast import (
+    block_scale,
+    cast_packed,
+    dequant_e2m1,
+    e2m1_round,
+    exp2_int,
+    inv_exp2,
+    ladder_code,
+)
 from mxattention.kernels.cast import shared_exponent as kernel_shared_exponent
 from mxattention.kernels.rules import rule_constants
 from tests.formats.hard_values import hard_values
@@ -78,6 +86,35 @@ def test_p_cast_equals_fake_quantize(rule, device):
     for vals in (x, p):
         _, _, out = _run(vals, rule, device)
         assert torch.equal(out, fake_quantize(vals, axis=-1, rule=rule))
+
+
+@triton.jit
+def _inv_code_kernel(TwoE, Vals, Inv, Codes, N: tl.constexpr):
+    two_e = tl.load(TwoE + tl.arange(0, N))
+    tl.store(Inv + tl.arange(0, N), inv_exp2(two_e))
+    offs = tl.arange(0, N)[:, None] * 8 + tl.arange(0, 8)[None, :]
+    tl.store(Codes + offs, ladder_code(tl.load(Vals + offs) * inv_exp2(two_e)[:, None]))
+
+
+def test_inv_exp2_every_block_scale(device):
+    """`inv_exp2` is 1 / 2**e for every scale 2**-127 .. 2**126, and the attention kernel's P~ codes
+    taken through it (ladder value r times 2**e, times the inverse) are r's code for each e up to
+    2**125 (6 * 2**126 overflows), where 2**-127's values are subnormal."""
+    e = torch.arange(-127, 127, dtype=torch.float64)
+    two_e = torch.exp2(e).to(torch.float32)
+    ladder = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+    vals = (ladder[None, :] * torch.exp2(e)[:, None]).to(torch.float32)
+    n = 256
+    pad = n - e.numel()
+    two_e_p = torch.cat([two_e, torch.ones(pad)]).to(device)
+    vals_p = torch.cat([vals, torch.zeros(pad, 8)]).to(device)
+    inv = torch.empty(n, device=device)
+    codes = torch.empty(n, 8, dtype=torch.int32, device=device)
+    _inv_code_kernel[(1,)](two_e_p, vals_p, inv, codes, N=n)
+    assert torch.equal(inv[: e.numel()].cpu(), torch.exp2(-e).to(torch.float32))
+    assert torch.equal(
+        codes[: e.numel() - 1].cpu(), torch.arange(8, dtype=torch.int32).expand(e.numel() - 1, 8)
+    )
 
 
 @triton.jit

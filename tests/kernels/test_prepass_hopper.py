@@ -12,7 +12,7 @@ import textwrap
 import pytest
 import torch
 
-from mxattention.kernels import prepass_hopper
+from mxattention.kernels import prepass_hopper, targets
 
 pytestmark = pytest.mark.skipif(not prepass_hopper.HAS_GLUON, reason="this Triton has no Gluon cp.async")
 
@@ -108,7 +108,7 @@ def test_usable_only_for_cuda_bf16_d128():
     cuda = property(lambda self: True)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(torch.Tensor, "is_cuda", cuda)
-        mp.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+        mp.setattr(prepass_hopper, "current_target", lambda device: targets.SM_90A)
         assert prepass_hopper.usable(x, 256, hadamard=True) and prepass_hopper.usable_q(x, 256, hadamard=True)
         for usable in (prepass_hopper.usable, prepass_hopper.usable_q):
             assert not usable(x, 256, hadamard=False)
@@ -128,8 +128,11 @@ def test_usable_only_for_cuda_bf16_d128():
             torch.zeros(1, 2, 256, 132, dtype=torch.bfloat16)[..., :128], 256, True
         )
         assert not prepass_hopper.usable(x, 96, hadamard=True) and not prepass_hopper.usable_q(x, 40, True)
-        mp.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
-        assert not prepass_hopper.usable(x, 256, hadamard=True) and not prepass_hopper.usable_q(x, 256, True)
+        for other in (targets.SM_100A, targets.Target("hip", "gfx90a", 64)):  # MI200: torch says 9.0
+            mp.setattr(prepass_hopper, "current_target", lambda device, t=other: t)
+            assert not prepass_hopper.usable(x, 256, hadamard=True) and not prepass_hopper.usable_q(
+                x, 256, True
+            )
 
 
 def test_build_failure_falls_back_once(monkeypatch):
@@ -160,7 +163,7 @@ def test_build_failure_falls_back_once(monkeypatch):
     # usable() now says no, so prepass_qk never asks again in this process; the Q^ kernel is
     # another build and is still tried.
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(prepass_hopper, "current_target", lambda device: targets.SM_90A)
     assert not prepass_hopper.usable(x, 256, hadamard=True)
     assert prepass_hopper.usable_q(x, 256, hadamard=True)
 

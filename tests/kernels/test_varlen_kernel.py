@@ -119,7 +119,7 @@ def test_many_short_sequences_in_launch_pieces(device, monkeypatch):
     launches = []
     original = attention_fwd._launch
     monkeypatch.setattr(
-        attention_fwd, "_launch", lambda grid, *a: launches.append(grid) or original(grid, *a)
+        attention_fwd, "_launch", lambda call, *a: launches.append(call.grid) or original(call, *a)
     )
     lens_q, lens_k = [1, 2, 3, 1, 4, 2, 100, 3, 1], [2, 1, 5, 1, 3, 33, 90, 1, 2]
     q, k, v, cu_q, cu_k = packed(lens_q, lens_k, hq=1, hk=1, seed=2)

@@ -1,6 +1,8 @@
 """Fused MXFP4 attention forward (FlashAttention-2 online softmax), one Triton kernel.
 
-Exposes `mx_attention_fwd` (packed operands from the pre-pass in, (O, lse) out) and `MATRIX_PATHS`.
+Exposes `mx_attention_fwd` (packed operands from the pre-pass in, (O, lse) out), `fwd_calls` (the
+launches it makes, as data: `codegen` compiles them offline), `default_matrix_path` and
+`MATRIX_PATHS`.
 
 One program owns `BM` query rows of one (batch, head) and walks the key tiles of `BN` = cfg.block_n
 keys, in the names of docs/design.md, 'Attention algorithm', and `attention.reference`:
@@ -35,6 +37,7 @@ fp32; only the fp32 summation order differs):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -43,10 +46,12 @@ from mxattention.kernels.cast import (
     block_scale,
     dequant_e2m1,
     e2m1_round,
+    inv_exp2,
     ladder_code,
     pack_nibbles,
 )
 from mxattention.kernels.prepass import varlen_v_start
+from mxattention.kernels.targets import current_target, matrix_path_for
 
 MATRIX_PATHS = ("bf16", "dot_scaled")
 LOG2E = 1.0 / math.log(2.0)
@@ -222,8 +227,9 @@ def _attend_tile(
 
     if DOT_SCALED:
         v_codes, v_scales = _v_codes(Vc, Vs, v_rows, start_n, Lk, BN, CLIP)
-        # p_hat / 2**e is exactly on the E2M1 ladder (nonnegative: the code is the magnitude code).
-        code = ladder_code(tl.reshape(p_hat3 / two_e[:, :, None], [BM, BN]))
+        # p_hat / 2**e is exactly on the E2M1 ladder (nonnegative: the code is the magnitude code);
+        # P~ <= 1 keeps two_e within inv_exp2's range: the inverse and the product are exact.
+        code = ladder_code(tl.reshape(p_hat3 * inv_exp2(two_e)[:, :, None], [BM, BN]))
         p_scales = (two_e.to(tl.int32, bitcast=True) >> 23).to(tl.uint8)
         o_tilde = tl.dot_scaled(
             pack_nibbles(code, BM, BN), p_scales, "e2m1", tl.trans(v_codes), v_scales, "e2m1", o_tilde
@@ -372,13 +378,33 @@ def _mx_attention_fwd_kernel(
 
 
 def default_matrix_path(device: torch.device) -> str:
-    """The matrix path: "dot_scaled" where E2M1 is native (sm_100+, the interpreter), else "bf16"."""
-    if kernels_interpreted() or device.type != "cuda":
-        return "dot_scaled"
-    return "dot_scaled" if torch.cuda.get_device_capability(device)[0] >= 10 else "bf16"
+    """The matrix path on `device`: "dot_scaled" where Triton's target has native E2M1 MMAs (sm_100+,
+    gfx950) and on the interpreter, else "bf16" (`targets.matrix_path_for`)."""
+    return matrix_path_for(current_target(device))
 
 
-def mx_attention_fwd(
+@dataclass(frozen=True)
+class FwdCall:
+    """One launch of the kernel: grid, positional arguments, constexprs and compile options."""
+
+    grid: tuple[int, ...]
+    args: tuple
+    constants: dict
+    num_warps: int
+    num_stages: int
+    options: tuple[tuple[str, int], ...] = ()
+
+
+def mx_attention_fwd(q_packed, k_packed, v_packed, **kwargs) -> torch.Tensor:
+    """Run the attention kernel on pre-pass outputs (the arguments of `fwd_calls`); writes `out`
+    [B, Hq, Lq, Dv], returns lse [B, Hq, Lq]."""
+    lse, calls = fwd_calls(q_packed, k_packed, v_packed, **kwargs)
+    for call in calls:
+        _launch(call, q_packed[0].device)
+    return lse
+
+
+def fwd_calls(
     q_packed: tuple[torch.Tensor, torch.Tensor],
     k_packed: tuple[torch.Tensor, torch.Tensor] | torch.Tensor,
     v_packed: tuple[torch.Tensor, torch.Tensor] | torch.Tensor,
@@ -398,11 +424,13 @@ def mx_attention_fwd(
     block_m: int = 128,
     num_warps: int = 8,
     num_stages: int = 2,
+    compile_options: tuple[tuple[str, int], ...] = (),
     debug_p: torch.Tensor | None = None,
     ablate: int = 0,
     varlen: tuple[torch.Tensor, torch.Tensor, int] | None = None,
-) -> torch.Tensor:
-    """Run the attention kernel on pre-pass outputs; writes `out` [B, Hq, Lq, Dv], returns lse [B, Hq, Lq].
+) -> tuple[torch.Tensor, list[FwdCall]]:
+    """(lse [B, Hq, Lq], the kernel launches) for pre-pass outputs; `mx_attention_fwd` runs them,
+    which writes `out` [B, Hq, Lq, Dv] and lse.
 
     `q_packed` = (codes [B, Hq, LQP, DQ/2], scales), `k_packed` likewise with Hkv heads, `v_packed` =
     (codes [B, Hkv, DVP, LKP/2], scales [B, Hkv, DVP, LKP/32]) (see `prepass`); LQP a multiple of
@@ -411,6 +439,7 @@ def mx_attention_fwd(
     `debug_p`: an fp32 [B, Hq, Lq, LKP] buffer that receives Q(P~) of every tile computed.
     `k_packed` / `v_packed` may instead be single bf16 tensors of the dequantized values, K^ [B, Hkv,
     LKP, DQ] and V^ [B, Hkv, LKP, DVP] (`prepass_*(..., out_bf16=True)`), for the "bf16" path only.
+    `compile_options`: backend options of the build (`targets.FwdTiles.options`).
     `ablate` (timing experiments only, wrong results): bit 1 skips the cast of P~.
     `num_stages` is lowered automatically when the compiled kernel would not fit in shared memory.
     `varlen` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q): a packed batch (B = 1, no mask, no
@@ -494,29 +523,39 @@ def mx_attention_fwd(
         OUT_MAX=torch.finfo(out.dtype).max if out.dtype in (torch.float16, torch.bfloat16) else 0.0,
         VARLEN=varlen is not None,
     )
+    opts = tuple(compile_options)
     if varlen is None:
-        _launch((lqp // block_m, bsz * hq), (*head, 0, *tail), constants, num_warps, num_stages, qc.device)
-        return lse
+        return lse, [
+            FwdCall((lqp // block_m, bsz * hq), (*head, 0, *tail), constants, num_warps, num_stages, opts)
+        ]
     num_seqs = cu_q.numel() - 1
+    calls = []
     for seq0 in range(0, num_seqs, GRID_Z_MAX):
         grid = (-(-max_q // block_m), hq, min(GRID_Z_MAX, num_seqs - seq0))
-        _launch(grid, (*head, seq0, *tail), constants, num_warps, num_stages, qc.device)
-    return lse
+        calls.append(FwdCall(grid, (*head, seq0, *tail), constants, num_warps, num_stages, opts))
+    return lse, calls
 
 
 _STAGES: dict[tuple, int] = {}
 
 
-def _launch(grid, args, constants, num_warps: int, num_stages: int, device: torch.device) -> None:
+def _launch(call: FwdCall, device: torch.device) -> None:
     """Launch, stepping num_stages down while the compiled kernel overflows shared memory."""
     from triton.runtime.errors import OutOfResources
 
-    key = (tuple(sorted((k, str(v)) for k, v in constants.items())), num_warps, num_stages, str(device))
+    constants, num_warps, num_stages = call.constants, call.num_warps, call.num_stages
+    key = (tuple(sorted((k, str(v)) for k, v in constants.items())), num_warps, num_stages, call.options)
+    key += (str(device),)
     stages = _STAGES.get(key, num_stages)
     while True:
         try:
-            _mx_attention_fwd_kernel[grid](
-                *args, **constants, num_warps=num_warps, num_stages=stages, enable_fp_fusion=False
+            _mx_attention_fwd_kernel[call.grid](
+                *call.args,
+                **constants,
+                **dict(call.options),
+                num_warps=num_warps,
+                num_stages=stages,
+                enable_fp_fusion=False,
             )
         except OutOfResources:
             if stages <= 1:

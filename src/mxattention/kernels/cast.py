@@ -7,7 +7,8 @@ the same exact integer / power-of-two arithmetic so the bytes agree bit for bit:
   (floor rule: E - Q_EXP; ceil rule with boundary q = (1 + Q_MANT / 2**23) * 2**Q_EXP:
   E - Q_EXP + [mantissa(M) > mantissa(q)]), clamped to [-127, 127], 0 for a zero block.
 - `bf16_pair_floats`: the two bf16 elements of int32 words as fp32 (the pre-pass's row loads).
-- `exp2_int`: 2**e as fp32 for integer e in [-127, 127] (2**-127 is subnormal).
+- `exp2_int`: 2**e as fp32 for integer e in [-127, 127] (2**-127 is subnormal); `inv_exp2`: the
+  exact inverse of such a power of two (up to 2**126), for divisions by a block scale.
 - `block_scale`: 2**e of the same rule, for the attention kernel's P~ blocks (maxima in
   [0, 2**127)); for boundaries >= 2 straight from the bits in four integer ops, where the
   subnormal and clamp cases of `shared_exponent` fall out of the arithmetic.
@@ -89,6 +90,15 @@ def exp2_int(e):
     """2**e in fp32, exactly, for int32 e in [-127, 127]."""
     bits = tl.where(e >= -126, (e + 127) << 23, 0x400000)
     return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def inv_exp2(two_e):
+    """1 / two_e, exactly, for fp32 powers of two two_e in [2**-127, 2**126] (`block_scale`'s range
+    below 2**127), by two integer ops: x * inv_exp2(two_e) is x / two_e without a division (the
+    IEEE divide is a dozen instructions on CDNA; `codegen` counts them in the loops)."""
+    # 2**k has exponent field k + 127 and its inverse 127 - k = 254 - field; 2**-127's field is 0.
+    return ((254 << 23) - (two_e.to(tl.int32, bitcast=True) & 0x7F800000)).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -20,6 +20,7 @@ import torch
 from mxattention.attention.config import AttentionConfig
 from mxattention.attention.reference import cast_output
 from mxattention.kernels._triton import HAS_TRITON, kernels_interpreted
+from mxattention.kernels.targets import Target, current_target, fwd_tiles, matrix_path_for
 
 MAX_HEAD_DIM = 256
 KV_LAYOUTS = ("packed", "bf16")
@@ -101,8 +102,8 @@ def fused_attention(
     query, key, scale = kernel_scale(query, key, scale)
     b, hq, lq, d = query.shape
     hk, lk, dv = key.shape[1], key.shape[2], value.shape[3]
-    bm, path, layout, num_warps, num_stages = launch_config(
-        query, d, dv, matrix_path, block_m, kv_layout, num_warps, num_stages
+    bm, path, layout, num_warps, num_stages, options = launch_config(
+        current_target(query.device), d, dv, matrix_path, block_m, kv_layout, num_warps, num_stages
     )
     bn = cfg.block_n
     wide = layout == "bf16"
@@ -147,6 +148,7 @@ def fused_attention(
             block_m=bm,
             num_warps=num_warps,
             num_stages=num_stages,
+            compile_options=options,
             debug_p=None if dbg is None else dbg_chunk,
         )
         if dbg is not None:
@@ -188,7 +190,7 @@ def kernel_scale(
 
 
 def launch_config(
-    query: torch.Tensor,
+    target: Target | None,
     d: int,
     dv: int,
     matrix_path: str | None = None,
@@ -196,19 +198,22 @@ def launch_config(
     kv_layout: str | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-) -> tuple[int, str, str, int, int]:
-    """(block_m, matrix path, K^/V^ layout, warps, stages) of a call, the None arguments defaulted:
-    dense and varlen calls share them, so a varlen call computes each sequence as the dense call of
-    its rows does, bit for bit."""
-    from mxattention.kernels.attention_fwd import default_matrix_path
+) -> tuple[int, str, str, int, int, tuple[tuple[str, int], ...]]:
+    """(block_m, matrix path, K^/V^ layout, warps, stages, compile options) of a call on `target`
+    (`targets.current_target(device)`; None: the interpreter), the None arguments defaulted from
+    `targets.fwd_tiles` / `targets.matrix_path_for`: dense and varlen calls share them, so a varlen
+    call computes each sequence as the dense call of its rows does, bit for bit; `codegen` builds
+    the same launch offline."""
     from mxattention.kernels.prepass import padded_dim
 
-    bm = block_m or (128 if padded_dim(max(d, dv)) <= 128 else 64)
-    path = matrix_path or default_matrix_path(query.device)
+    tiles = fwd_tiles(
+        target, padded_dim(max(d, dv)), block_m=block_m, num_warps=num_warps, num_stages=num_stages
+    )
+    path = matrix_path or matrix_path_for(target)
     layout = kv_layout or ("bf16" if path == "bf16" else "packed")
     if layout not in KV_LAYOUTS:
         raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {layout!r}")
-    return bm, path, layout, num_warps or (8 if bm >= 128 else 4), num_stages or 3
+    return tiles.block_m, path, layout, tiles.num_warps, tiles.num_stages, tiles.options
 
 
 def kv_heads_per_chunk(

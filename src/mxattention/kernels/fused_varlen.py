@@ -24,6 +24,7 @@ from mxattention.attention.config import AttentionConfig
 from mxattention.attention.reference import cast_output
 from mxattention.kernels._triton import kernels_interpreted
 from mxattention.kernels.fused import GRID_Y_MAX, kernel_scale, kv_heads_per_chunk, launch_config
+from mxattention.kernels.targets import current_target
 
 
 def fused_varlen_attention(
@@ -57,8 +58,8 @@ def fused_varlen_attention(
     q, k, scale = kernel_scale(q, k, scale)  # scale <= 0 as the dense call: exact negation / zeroing
     tq, hq, d = q.shape
     tk, hk, dv = k.shape[0], k.shape[1], v.shape[2]
-    bm, path, layout, num_warps, num_stages = launch_config(
-        q, d, dv, matrix_path, block_m, kv_layout, num_warps, num_stages
+    bm, path, layout, num_warps, num_stages, options = launch_config(
+        current_target(q.device), d, dv, matrix_path, block_m, kv_layout, num_warps, num_stages
     )
     bn, wide = cfg.block_n, layout == "bf16"
     out_dtype = torch.float32 if kernels_interpreted() else q.dtype  # as fused_attention
@@ -100,6 +101,7 @@ def fused_varlen_attention(
             block_m=bm,
             num_warps=num_warps,
             num_stages=num_stages,
+            compile_options=options,
             varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q),
         )[0]
         del qp, kp, vp  # freed before the next group's pre-pass allocates

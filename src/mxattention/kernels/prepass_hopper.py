@@ -34,6 +34,7 @@ import torch
 from mxattention.kernels._triton import sm_count, triton
 from mxattention.kernels.cast import bf16_pair_floats, cast_blocks, cast_packed
 from mxattention.kernels.hadamard import hadamard_rows
+from mxattention.kernels.targets import SM_90A, current_target
 
 try:
     from triton.experimental import gluon
@@ -334,7 +335,7 @@ def _sm90_d128(x: torch.Tensor, hadamard: bool) -> bool:
         and x.stride(-1) == 1
         and x.data_ptr() % 16 == 0
         and all(s % 8 == 0 for s in x.stride()[:-1])
-        and torch.cuda.get_device_capability(x.device) == (9, 0)
+        and current_target(x.device) == SM_90A  # what Triton builds for (ROCm's MI200 says 9.0 too)
     )
 
 

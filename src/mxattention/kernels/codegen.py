@@ -1,0 +1,370 @@
+"""The attention kernel built offline for any GPU target, and what its assembly holds.
+
+Exposes `Case` (the call shape a build stands for), `build(target, case)` (the launch the runtime
+would make for it on that target: `attention_fwd.fwd_calls` with `fused.launch_config`'s tiles,
+compiled by Triton's bundled toolchain: no GPU needed) and `Summary` / `summarize(target, case)`
+(block-scaled MMA instructions, per loop iteration and in all, signs of an E2M1 decode on the
+operand path, registers, spills, shared memory, divides in the loops, compile time).
+Also `MX_TARGETS`, `parse_spec` (a build named "sm_120a/d128/causal"), `toolchain_missing`
+(why this Triton cannot build for a target) and `disassemble` (SASS of a cubin).
+`python -m mxattention.kernels.codegen [BUILD ...]` prints summaries as JSON lines.
+
+The kernels must be compiled, not interpreted: call this in a process without TRITON_INTERPRET=1.
+It uses two Triton internals the launcher itself uses (`create_function_from_signature` and
+`JITFunction._pack_args`), so the argument specialization (divisibility, constants) is the one a
+real launch gets; both exist in Triton 3.6 and 3.9.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+
+from mxattention.attention.config import get_method
+from mxattention.kernels.targets import (
+    GFX950,
+    SHARED_BYTES,
+    SM_90A,
+    SM_100A,
+    SM_120A,
+    Target,
+)
+
+MX_TARGETS = (SM_100A, SM_120A, GFX950)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A call the build stands for: one batch, `heads` heads of `seq` queries and keys (the argument
+    specialization depends on lengths only through divisibility by 16), the method's P~ rule and
+    block_n, and the target's default matrix path unless `matrix_path` is given."""
+
+    head_dim: int = 128
+    causal: bool = False
+    method: str = "mxattention"
+    matrix_path: str | None = None
+    seq: int = 1024
+    heads: int = 2
+
+    @property
+    def label(self) -> str:
+        path = f", {self.matrix_path}" if self.matrix_path else ""
+        return f"D {self.head_dim}" + (", causal" if self.causal else "") + path
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What one build holds. MMA counts are instructions in the assembly (SASS on CUDA, AMDGCN on
+    ROCm); `loop_mma` lists, for every loop with MMAs, those of one iteration in one warp's
+    instruction stream, and `mma_needed` what one iteration's two products need there
+    (tcgen05 MMAs are issued once per program; mma.sync and MFMA once per warp)."""
+
+    target: str
+    case: str
+    triton: str
+    matrix_path: str
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    options: dict = field(default_factory=dict)
+    mma: dict = field(default_factory=dict)  # block-scaled MMA instruction -> count
+    other_mma: dict = field(default_factory=dict)  # MMAs without block scales (operands decoded)
+    decode_ops: int = 0  # E2M1 -> wider conversions: TTGIR fp4_to_fp / upcast_mxfp, PTX cvt ...e2m1
+    loop_mma: tuple = ()
+    mma_needed: int = 0
+    loop_divides: int = 0  # fp32 divisions inside the loops (PTX div.*.f32, AMDGCN v_div_fixup_f32)
+    registers: int = 0  # per thread (CUDA) / VGPRs incl. AGPRs per lane (ROCm)
+    spill_bytes: int = 0  # CUDA: ptxas spill stores; ROCm: scratch bytes per lane
+    spilled_registers: int = 0  # ROCm: VGPRs + SGPRs spilled (also to AGPRs); CUDA: 0
+    shared: int = 0  # bytes per program
+    instructions: int = 0
+    compile_s: float = 0.0
+
+    @property
+    def native(self) -> bool:
+        """Block-scaled MMAs only, nothing decoded."""
+        return bool(self.mma) and not self.other_mma and self.decode_ops == 0
+
+
+def build(target: Target, case: Case = Case()):
+    """(compiled kernel, `FwdCall`, ptxas log) of the attention kernel for `case` on `target`:
+    the arguments, constexprs and tiles `fused_attention` would launch with there, num_stages
+    lowered while shared memory overflows `SHARED_BYTES` (as the launcher does on OutOfResources)."""
+    import triton
+    from triton import knobs
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    from mxattention.kernels import attention_fwd as fwd
+    from mxattention.kernels._triton import kernels_interpreted
+    from mxattention.kernels.fused import launch_config
+    from mxattention.kernels.prepass import padded_dim, padded_len
+    from mxattention.kernels.rules import rule_constants
+
+    if kernels_interpreted():
+        raise RuntimeError("codegen needs compiled kernels: run it without TRITON_INTERPRET=1")
+    cfg = get_method(case.method)
+    d = case.head_dim
+    bm, path, layout, warps, stages, options = launch_config(target, d, d, case.matrix_path)
+    dp, bn, h, n = padded_dim(d), cfg.block_n, case.heads, case.seq
+    # The pre-pass outputs' shapes, padded as fused_attention pads them (values are never read).
+    lqp, lkp = padded_len(n, max(bm, 128)), padded_len(n, max(bn, 128))
+    u8 = torch.uint8
+    q = (torch.empty(1, h, lqp, dp // 2, dtype=u8), torch.empty(1, h, lqp, dp // 32, dtype=u8))
+    if layout == "bf16":
+        k = torch.empty(1, h, lkp, dp, dtype=torch.bfloat16)
+        v = torch.empty(1, h, lkp, dp, dtype=torch.bfloat16)
+    else:
+        k = (torch.empty(1, h, lkp, dp // 2, dtype=u8), torch.empty(1, h, lkp, dp // 32, dtype=u8))
+        v = (torch.empty(1, h, dp, lkp // 2, dtype=u8), torch.empty(1, h, dp, lkp // 32, dtype=u8))
+    pr = rule_constants(cfg.p.rule)
+    _, (call,) = fwd.fwd_calls(
+        q, k, v, lq=n, lk=n, dv=d, group=1, out=torch.empty(1, h, n, d, dtype=torch.bfloat16),
+        p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=cfg.pnq, block_n=bn, scale=d**-0.5,
+        is_causal=case.causal, matrix_path=path, block_m=bm, num_warps=warps, num_stages=stages,
+        compile_options=options,
+    )  # fmt: skip
+    kernel = fwd._mx_attention_fwd_kernel
+    backend = make_backend(target.to_triton())
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    limit = SHARED_BYTES.get(target.family, 1 << 62)
+    stages = call.num_stages
+    while True:
+        kw = dict(call.constants, **dict(call.options), num_warps=call.num_warps, num_stages=stages)
+        kw.update(enable_fp_fusion=False, debug=kernel.debug or knobs.runtime.debug)
+        bound, spec, opts = binder(*call.args, **kw)
+        options, signature, constexprs, attrs = kernel._pack_args(backend, kw, bound, spec, opts)
+        log = io.StringIO()
+        with knobs.compilation.scope(), knobs.nvidia.scope(), contextlib.redirect_stdout(log):
+            knobs.compilation.always_compile = True  # a cached build would hide the ptxas log
+            knobs.nvidia.dump_ptxas_log = True
+            compiled = triton.compile(
+                ASTSource(kernel, signature, constexprs, attrs),
+                target=target.to_triton(),
+                options=options.__dict__,
+            )
+        if compiled.metadata.shared <= limit or stages == 1:
+            break
+        stages -= 1
+    return compiled, replace(call, num_stages=stages), log.getvalue()
+
+
+def summarize(target: Target, case: Case = Case()) -> Summary:
+    """Build `case` for `target` and read its assembly (see `Summary`)."""
+    import triton
+
+    t0 = time.perf_counter()
+    compiled, call, log = build(target, case)
+    seconds = time.perf_counter() - t0
+    c = call.constants
+    dots = ((c["BM"], c["BN"], c["DQ"]), (c["BM"], c["DV"], c["BN"]))  # S = Q K^T, O += P V
+    asm = compiled.asm
+    ttgir = asm["ttgir"]
+    decode = len(re.findall(r"\bttg\.fp4_to_fp\b|upcast_mxfp", ttgir))
+    common = dict(
+        target=target.name,
+        case=case.label,
+        triton=triton.__version__,
+        matrix_path="dot_scaled" if c["DOT_SCALED"] else "bf16",
+        block_m=c["BM"],
+        block_n=c["BN"],
+        num_warps=call.num_warps,
+        num_stages=call.num_stages,
+        options=dict(call.options),
+        shared=compiled.metadata.shared,
+        compile_s=round(seconds, 2),
+    )
+    if target.backend == "cuda":
+        return _summarize_cuda(asm, log, dots, call.num_warps, decode, common)
+    return _summarize_hip(asm["amdgcn"], dots, call.num_warps, decode, common)
+
+
+_NATIVE_SASS = ("UTCOMMA", "OMMA")  # tcgen05 MMA with FP4 block scales (sm_100), mma.sync ditto (sm_120)
+
+
+def _summarize_cuda(asm: dict, log: str, dots, warps: int, decode: int, common: dict) -> Summary:
+    sass = disassemble(asm["cubin"])
+    ptx = asm["ptx"]
+    decode += len(re.findall(r"\bcvt\.[\w.]*e2m1", ptx))
+    mma, other = _count_mma(op for _, op in sass)
+    loops = _sass_loops(sass)
+    loop_mma = tuple(n for n in (sum(op.split(".")[0] in _NATIVE_SASS for op in body) for body in loops) if n)
+    if "UTCOMMA" in {k.split(".")[0] for k in mma}:  # tcgen05: M 128 x N <= 256 x K 64 per instruction
+        needed = sum(-(-m // 128) * -(-n // 256) * (k // 64) for m, n, k in dots)
+    else:  # mma.sync m16n8k64 per warp
+        needed = sum(m * n * k for m, n, k in dots) // (16 * 8 * 64 * warps)
+    ptx_loops = _label_loops(ptx.splitlines(), r"^(\$L__BB\d+_\d+):", r"\bbra(?:\.uni)?\s+(\$L__BB\d+_\d+);")
+    divides = sum(len(re.findall(r"\bdiv\.(?:rn|full|approx)[\w.]*\.f32", "\n".join(b))) for b in ptx_loops)
+    spills = re.search(r"(\d+) bytes spill stores", log)
+    regs = re.search(r"Used (\d+) registers", log)
+    if regs is None or spills is None:
+        raise RuntimeError(f"no register / spill report in the ptxas log:\n{log[-2000:]}")
+    return Summary(
+        **common, mma=mma, other_mma=other, decode_ops=decode, loop_mma=loop_mma, mma_needed=needed,
+        loop_divides=divides, registers=int(regs[1]), spill_bytes=int(spills[1]), instructions=len(sass),
+    )  # fmt: skip
+
+
+def _summarize_hip(gcn: str, dots, warps: int, decode: int, common: dict) -> Summary:
+    lines = gcn.splitlines()
+    ops = [
+        ln.split()[0] for ln in lines if ln.startswith("\t") and ln.strip() and ln.split()[0][0] not in ".;"
+    ]
+    mma, other = {}, {}
+    for op in ops:
+        if op.startswith(("v_mfma", "v_wmma", "v_smfmac")):
+            d = mma if "scale" in op and "f8f6f4" in op else other
+            d[op] = d.get(op, 0) + 1
+    loops = _label_loops(lines, r"^(\.LBB\d+_\d+):", r"\bs_c?branch\w*\s+(\.LBB\d+_\d+)")
+    loop_mma = tuple(n for n in (sum("v_mfma_scale" in ln for ln in body) for body in loops) if n)
+    needed = 0
+    for op in mma:
+        mi, ni, ki = map(int, re.search(r"(\d+)x(\d+)x(\d+)", op).groups())
+        needed = sum(m * n * k for m, n, k in dots) // (mi * ni * ki * warps)
+    meta = {k: int(v) for k, v in re.findall(r"\.(\w+):\s+(\d+)\s*$", gcn, re.M)}
+    scratch = re.search(r"ScratchSize: (\d+)", gcn)
+    return Summary(
+        **common, mma=mma, other_mma=other, decode_ops=decode, loop_mma=loop_mma, mma_needed=needed,
+        loop_divides=sum(sum("v_div_fixup_f32" in ln for ln in b) for b in loops),
+        registers=meta["vgpr_count"], spill_bytes=int(scratch[1]) if scratch else 0,
+        spilled_registers=meta.get("vgpr_spill_count", 0) + meta.get("sgpr_spill_count", 0), instructions=len(ops),
+    )  # fmt: skip
+
+
+def _count_mma(ops) -> tuple[dict, dict]:
+    """(block-scaled, other) MMA instructions of SASS opcodes, by opcode with modifiers."""
+    mma, other = {}, {}
+    for op in ops:
+        base = op.split(".")[0]
+        if base.endswith("MMA") or "GMMA" in base:
+            d = mma if base in _NATIVE_SASS else other
+            d[op] = d.get(op, 0) + 1
+    return mma, other
+
+
+def disassemble(cubin: bytes) -> list[tuple[int, str]]:
+    """(address, opcode with modifiers) of every SASS instruction of a cubin (Triton's cuobjdump)."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    found = re.findall(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)([^;]*);", text, re.M)
+    return [(int(a, 16), op + _branch_target(op, rest)) for a, op, rest in found]
+
+
+def _branch_target(op: str, rest: str) -> str:
+    m = re.search(r"0x([0-9a-f]+)\s*$", rest.strip()) if op.startswith("BRA") else None
+    return f" {int(m[1], 16)}" if m else ""
+
+
+def _sass_loops(sass: list[tuple[int, str]]) -> list[list[str]]:
+    """Opcodes of each loop body: the range [target, branch] of a backward branch that holds no EXIT
+    (ptxas puts barrier-wait retries after the kernel's end; their branches back are no loops)."""
+    loops = []
+    for addr, op in sass:
+        if op.startswith("BRA") and " " in op:
+            target = int(op.rsplit(" ", 1)[1])
+            body = [o for a, o in sass if target <= a <= addr]
+            if target < addr and not any(o.startswith("EXIT") for o in body):
+                loops.append(body)
+    return loops
+
+
+def _label_loops(lines: list[str], label_re: str, branch_re: str) -> list[list[str]]:
+    """Lines of each loop body in PTX or AMDGCN text: label to backward branch, with no return."""
+    where: dict[str, int] = {}
+    loops = []
+    for i, ln in enumerate(lines):
+        m = re.match(label_re, ln)
+        if m:
+            where[m[1]] = i
+        b = re.search(branch_re, ln)
+        if b and b[1] in where:
+            body = lines[where[b[1]] : i + 1]
+            if not any(re.search(r"\bret;|\bs_endpgm\b", x) for x in body):
+                loops.append(body)
+    return loops
+
+
+TARGETS_BY_NAME = {t.name: t for t in (*MX_TARGETS, SM_90A)}
+
+
+def parse_spec(spec: str) -> tuple[Target, Case]:
+    """A build named as TARGET[/dHEAD_DIM][/causal][/bf16|/dot_scaled], e.g. "sm_120a/d128/causal"."""
+    name, *parts = spec.split("/")
+    if name not in TARGETS_BY_NAME:
+        raise ValueError(f"unknown target {name!r}: expected one of {sorted(TARGETS_BY_NAME)}")
+    kw: dict = {}
+    for part in parts:
+        if part == "causal":
+            kw["causal"] = True
+        elif part in ("bf16", "dot_scaled"):
+            kw["matrix_path"] = part
+        elif re.fullmatch(r"d\d+", part):
+            kw["head_dim"] = int(part[1:])
+        else:
+            raise ValueError(f"build {spec!r}: {part!r} is not dN, causal, bf16 or dot_scaled")
+    return TARGETS_BY_NAME[name], Case(**kw)
+
+
+def toolchain_missing(target: Target) -> str | None:
+    """Why this Triton cannot build for `target` offline (a backend or a bundled tool missing), else None."""
+    try:
+        from triton.backends import backends
+    except ImportError:
+        return "Triton is not installed"
+    name = {"cuda": "nvidia", "hip": "amd"}[target.backend]
+    if name not in backends:
+        return f"this Triton ({_triton_version()}) has no {name} backend"
+    if target.backend == "cuda":
+        import triton
+
+        tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+        for tool in ("ptxas", "cuobjdump"):
+            if not os.path.exists(os.path.join(tools, tool)):
+                return f"this Triton ({_triton_version()}) bundles no {tool} in {tools}"
+    return None
+
+
+def _triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print one JSON line per build: a `Summary`, or {"target", "case", "skip": reason} where this
+    Triton cannot build for the target. Builds are named TARGET[/dHEAD_DIM][/causal][/PATH]
+    (`parse_spec`); default: the MX targets at D 128."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m mxattention.kernels.codegen", description=main.__doc__)
+    p.add_argument("builds", nargs="*", default=[t.name for t in MX_TARGETS], help="e.g. sm_120a/d128/causal")
+    a = p.parse_args(argv)
+    for target, case in map(parse_spec, a.builds):
+        skip = toolchain_missing(target)
+        row = (
+            {"target": target.name, "case": case.label, "skip": skip}
+            if skip
+            else asdict(summarize(target, case))
+        )
+        print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

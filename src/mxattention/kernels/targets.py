@@ -1,0 +1,150 @@
+"""The GPU a kernel is built for, as Triton names it, and the per-architecture tuning of the attention kernel.
+
+Exposes `Target` (backend + architecture, Triton's `GPUTarget` without the warp size's role in
+lookups), `current_target(device)` (what Triton reports for a torch device; None on the CPU
+interpreter), `native_mx(target)` / `matrix_path_for(target)` (where `tl.dot_scaled` on E2M1 is
+native), `FwdTiles` and `fwd_tiles(target, dp, ...)` (the attention kernel's tile config, read from
+the frozen table `FWD_TILES`), and `SHARED_BYTES` (per-block shared memory a launch may use).
+
+The matrix path (docs/design.md, 'Kernel plan') is chosen by the architecture Triton reports,
+never by a CUDA capability number alone: ROCm's torch reports MI350 (gfx950) as capability 9.5,
+which would look like Hopper.
+The table's entries are checked offline for every MX target (`kernels.codegen`,
+tests/kernels/test_codegen.py; numbers in benchmarks/results/codegen_mx_targets.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Target:
+    """A compile target as Triton's `GPUTarget` names it: backend "cuda" with the capability as
+    10 * major + minor (90, 100, 120), or "hip" with the gfx architecture ("gfx950")."""
+
+    backend: str
+    arch: int | str
+    warp_size: int = 32
+
+    @property
+    def family(self) -> str:
+        """The row of the tuning tables: "sm_90", "sm_100" (100, 103), "sm_120" (120, 121), the gfx
+        name on ROCm."""
+        if self.backend == "cuda":
+            return f"sm_{int(self.arch) // 10 * 10}"
+        return str(self.arch)
+
+    @property
+    def name(self) -> str:
+        """ptxas's name for CUDA ("sm_100a": the arch-specific features Triton compiles for), the gfx name."""
+        if self.backend == "cuda":
+            return f"sm_{self.arch}" + ("a" if int(self.arch) >= 90 else "")
+        return str(self.arch)
+
+    def to_triton(self):
+        """This target as a `triton.backends.compiler.GPUTarget` (needs Triton)."""
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget(self.backend, self.arch, self.warp_size)
+
+
+SM_100A = Target("cuda", 100)
+SM_120A = Target("cuda", 120)
+GFX950 = Target("hip", "gfx950", 64)
+SM_90A = Target("cuda", 90)
+# Where `tl.dot_scaled(..., "e2m1", ...)` lowers to block-scaled MMA instructions (checked offline:
+# tests/kernels/test_codegen.py). Elsewhere Triton decodes E2M1 to bf16 in registers, and the
+# kernel's own "bf16" path does that with fewer instructions.
+_NATIVE_MX_HIP = frozenset({"gfx950"})
+
+
+def native_mx(target: Target) -> bool:
+    """Whether `target` has block-scaled E2M1 MMA instructions Triton uses: sm_100+ (tcgen05 on
+    sm_100/103, mma.sync block_scale on sm_120/121) and CDNA4 (gfx950)."""
+    if target.backend == "cuda":
+        return int(target.arch) >= 100
+    return target.backend == "hip" and target.arch in _NATIVE_MX_HIP
+
+
+def matrix_path_for(target: Target | None) -> str:
+    """The attention kernel's matrix path: "dot_scaled" where E2M1 is native or on the interpreter
+    (target None), else "bf16"."""
+    return "dot_scaled" if target is None or native_mx(target) else "bf16"
+
+
+def current_target(device: torch.device | str) -> Target | None:
+    """The target Triton compiles for on `device` (a CUDA/ROCm torch device), None for other devices
+    or when the kernels run on Triton's CPU interpreter."""
+    from mxattention.kernels._triton import HAS_TRITON, kernels_interpreted
+
+    device = torch.device(device)
+    if not HAS_TRITON or kernels_interpreted() or device.type != "cuda":
+        return None
+    return _target_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
+_TARGETS: dict[int, Target] = {}
+
+
+def _target_of(index: int) -> Target:
+    if index not in _TARGETS:
+        from triton.runtime import driver
+
+        with torch.cuda.device(index):
+            t = driver.active.get_current_target()
+        _TARGETS[index] = Target(t.backend, t.arch, t.warp_size)
+    return _TARGETS[index]
+
+
+@dataclass(frozen=True)
+class FwdTiles:
+    """The attention kernel's launch config: query rows per program, warps, software-pipeline stages
+    (lowered at launch while shared memory overflows) and backend compile options (name, value)."""
+
+    block_m: int
+    num_warps: int
+    num_stages: int
+    options: tuple[tuple[str, int], ...] = ()
+
+
+# Target family -> ((largest padded head dim, tiles), ...) in increasing head dims; "any" is every
+# other target (the sm_90 rows, measured on the H200). The key tile BN is the method's
+# (cfg.block_n), not tuning. Chosen from offline builds (no GPU timing yet; every row's build in
+# benchmarks/results/codegen_mx_targets.md): native MMAs only, one iteration's MMAs what the work
+# needs, the fewest spills found.
+FWD_TILES: dict[str, tuple[tuple[int, FwdTiles], ...]] = {
+    "any": ((128, FwdTiles(128, 8, 3)), (256, FwdTiles(64, 4, 3))),
+    # tcgen05's block-scaled MMA takes 128 rows: with 64 (or 16 warps) Triton decodes to bf16 MMAs.
+    "sm_100": ((256, FwdTiles(128, 8, 3)),),
+    # 128 rows x 8 warps spill at D 128 (mma.sync keeps S and O in registers); 64 rows duplicate
+    # QK^T's MMAs at D 64.
+    "sm_120": ((64, FwdTiles(128, 8, 3)), (256, FwdTiles(64, 8, 3))),
+    # 8 waves of 32-row MFMAs over 128 rows computed QK^T twice; 4 waves cover them once. At D 256,
+    # 16-row MFMAs (64 rows, 4 waves) do, without spills.
+    "gfx950": ((128, FwdTiles(128, 4, 2)), (256, FwdTiles(64, 4, 3, (("matrix_instr_nonkdim", 16),)))),
+}
+# Per-block shared memory of a launch (opt-in maximum), bytes.
+SHARED_BYTES = {"sm_90": 232448, "sm_100": 232448, "sm_120": 101376, "gfx950": 163840}
+
+
+def fwd_tiles(
+    target: Target | None,
+    dp: int,
+    *,
+    block_m: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> FwdTiles:
+    """Tiles of the attention kernel for padded head dim `dp` on `target` (None: the interpreter),
+    with any of the three given explicitly taking precedence; an explicit `block_m` alone gets the
+    generic warp count (8 for 128 rows and more, else 4)."""
+    rows = FWD_TILES.get("any" if target is None else target.family, FWD_TILES["any"])
+    tiles = next((t for most, t in rows if dp <= most), rows[-1][1])
+    if block_m is not None and block_m != tiles.block_m:
+        tiles = FwdTiles(block_m, 8 if block_m >= 128 else 4, tiles.num_stages)
+    return FwdTiles(
+        tiles.block_m, num_warps or tiles.num_warps, num_stages or tiles.num_stages, tiles.options
+    )

@@ -5,7 +5,8 @@
 Each build is `mxattention.kernels.codegen.summarize`: the launch `fused_attention` makes on that
 target (its tiles from `kernels.targets.FWD_TILES`), compiled by Triton's bundled toolchain, and
 its assembly read (SASS on CUDA, AMDGCN on ROCm). Default builds: sm_100a, sm_120a and gfx950 at
-head dims 64, 128, 256, causal and not, and the H200's sm_90a bf16 path for reference. Run without
+head dims 64, 128, 256, causal and not, the H200's sm_90a bf16 path for reference, and sm_90a
+dot_scaled (Triton decodes it to bf16: what a non-native build looks like). Run without
 TRITON_INTERPRET=1. Writes `codegen_mx_targets.json` and `.md`.
 """
 
@@ -24,7 +25,7 @@ from mxattention.kernels import codegen
 
 DEFAULT_BUILDS = [
     f"{t}/d{d}{c}" for t in ("sm_100a", "sm_120a", "gfx950") for d in (64, 128, 256) for c in ("", "/causal")
-] + ["sm_90a/d128", "sm_90a/d128/causal"]
+] + ["sm_90a/d128", "sm_90a/d128/causal", "sm_90a/d128/dot_scaled"]
 
 
 def _row(s: dict) -> str:
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         "masked tail), against what QK^T and PV need. Native = block-scaled MMAs only and no E2M1",
         "decode (TTGIR fp4_to_fp / upcast_mxfp, PTX cvt e2m1). Registers: per thread (CUDA), VGPRs",
         "with AGPRs per lane (ROCm). Spills: ptxas spill stores (CUDA), scratch bytes and spilled",
-        "registers (ROCm). Divides: fp32 divisions inside the loops.",
+        "registers (ROCm). Divides: fp32 divisions inside the loops. Compile s: wall time of the",
+        "build on this machine (on a shared one it varies 2-3x with the load).",
         "",
         "| target | case | path | tiles | MMA instructions | native | MMAs per iteration | decode ops "
         "| registers | spills | shared B | loop divides | instructions | compile s |",

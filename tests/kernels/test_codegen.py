@@ -40,10 +40,14 @@ def builds(tmp_path_factory, request) -> dict[str, dict]:
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     report = request.config.pluginmanager.get_plugin("terminalreporter")
     for r in rows:
-        line = r.get("skip") or (
-            f"{r['mma']} per loop {r['loop_mma']} (needs {r['mma_needed']}), {r['registers']} registers, "
-            f"{r['spill_bytes']} B spilled, {r['shared']} B shared, tiles {r['block_m']}x{r['block_n']} "
-            f"{r['num_warps']} warps {r['num_stages']} stages, {r['compile_s']} s"
+        line = (
+            r.get("skip")
+            or r.get("error")
+            or (
+                f"{r['mma']} per loop {r['loop_mma']} (needs {r['mma_needed']}), {r['registers']} registers, "
+                f"{r['spill_bytes']} B spilled, {r['shared']} B shared, tiles {r['block_m']}x{r['block_n']} "
+                f"{r['num_warps']} warps {r['num_stages']} stages, {r['compile_s']} s"
+            )
         )
         if report is not None:
             report.write_line(f"codegen {r['target']} {r['case']}: {line}")
@@ -57,6 +61,11 @@ def _build(builds: dict, spec: str) -> dict:
     row = builds[f"{target.name} {case.label}"]
     if row.get("skip"):
         pytest.skip(row["skip"])
+    if case.matrix_path is None and not tg.native_mx(target):
+        pytest.skip(
+            f"this Triton ({row['triton']}) takes the bf16 path on {target.name} (NATIVE_MX_MIN_TRITON)"
+        )
+    assert "error" not in row, f"{spec} does not build with Triton {row['triton']}: {row['error']}"
     return row
 
 
@@ -114,7 +123,8 @@ def test_checks_flag_a_decoded_operand_path(builds):
         (None, "dot_scaled"),  # the interpreter
     ],
 )
-def test_matrix_path_for_target(target, path):
+def test_matrix_path_for_target(monkeypatch, target, path):
+    monkeypatch.setattr(tg, "triton_version", lambda: (3, 9))  # one that builds every MX target
     assert tg.matrix_path_for(target) == path
 
 
@@ -147,8 +157,18 @@ def test_default_matrix_path_asks_triton(monkeypatch, reported, capability, path
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
     monkeypatch.setattr(tg, "_TARGETS", {})
+    monkeypatch.setattr(tg, "triton_version", lambda: (3, 9))
     monkeypatch.setattr(driver, "_active", _FakeDriver(GPUTarget(*reported)))
     assert default_matrix_path(torch.device("cuda", 0)) == path
+
+
+def test_native_mx_needs_a_triton_that_builds_it(monkeypatch):
+    """sm_100's dot_scaled kernel needs Triton >= 3.9 (3.6's compiler crashes on it); sm_120's and
+    gfx950's build with 3.6 too."""
+    monkeypatch.setattr(tg, "triton_version", lambda: (3, 6))
+    assert [tg.matrix_path_for(t) for t in tg.MX_TARGETS] == ["bf16", "dot_scaled", "dot_scaled"]
+    monkeypatch.setattr(tg, "triton_version", lambda: (3, 9))
+    assert [tg.matrix_path_for(t) for t in tg.MX_TARGETS] == ["dot_scaled"] * 3
 
 
 def test_tiles_per_target():

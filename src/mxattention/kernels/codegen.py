@@ -5,7 +5,7 @@ would make for it on that target: `attention_fwd.fwd_calls` with `fused.launch_c
 compiled by Triton's bundled toolchain: no GPU needed) and `Summary` / `summarize(target, case)`
 (block-scaled MMA instructions, per loop iteration and in all, signs of an E2M1 decode on the
 operand path, registers, spills, shared memory, divides in the loops, compile time).
-Also `MX_TARGETS`, `parse_spec` (a build named "sm_120a/d128/causal"), `toolchain_missing`
+Also `parse_spec` (a build named "sm_120a/d128/causal"), `toolchain_missing`
 (why this Triton cannot build for a target) and `disassemble` (SASS of a cubin).
 `python -m mxattention.kernels.codegen [BUILD ...]` prints summaries as JSON lines.
 
@@ -31,16 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 
 from mxattention.attention.config import get_method
-from mxattention.kernels.targets import (
-    GFX950,
-    SHARED_BYTES,
-    SM_90A,
-    SM_100A,
-    SM_120A,
-    Target,
-)
-
-MX_TARGETS = (SM_100A, SM_120A, GFX950)
+from mxattention.kernels.targets import MX_TARGETS, SHARED_BYTES, SM_90A, Target
 
 
 @dataclass(frozen=True)
@@ -267,8 +258,9 @@ def disassemble(cubin: bytes) -> list[tuple[int, str]]:
 
 
 def _branch_target(op: str, rest: str) -> str:
-    m = re.search(r"0x([0-9a-f]+)\s*$", rest.strip()) if op.startswith("BRA") else None
-    return f" {int(m[1], 16)}" if m else ""
+    # The last address among the operands (older cuobjdumps append scheduling notes, "?trans8").
+    found = re.findall(r"\b0x([0-9a-f]+)\b", rest) if op.startswith("BRA") else []
+    return f" {int(found[-1], 16)}" if found else ""
 
 
 def _sass_loops(sass: list[tuple[int, str]]) -> list[list[str]]:
@@ -347,8 +339,9 @@ def _triton_version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print one JSON line per build: a `Summary`, or {"target", "case", "skip": reason} where this
-    Triton cannot build for the target. Builds are named TARGET[/dHEAD_DIM][/causal][/PATH]
+    """Print one JSON line per build: a `Summary`, or {"target", "case", "triton", "skip": reason}
+    where this Triton has no toolchain for the target, or {..., "error": message} where the build
+    failed. Builds are named TARGET[/dHEAD_DIM][/causal][/PATH]
     (`parse_spec`); default: the MX targets at D 128."""
     import argparse
 
@@ -356,12 +349,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("builds", nargs="*", default=[t.name for t in MX_TARGETS], help="e.g. sm_120a/d128/causal")
     a = p.parse_args(argv)
     for target, case in map(parse_spec, a.builds):
+        row = {"target": target.name, "case": case.label, "triton": _triton_version()}
         skip = toolchain_missing(target)
-        row = (
-            {"target": target.name, "case": case.label, "skip": skip}
-            if skip
-            else asdict(summarize(target, case))
-        )
+        if skip:
+            row["skip"] = skip
+        else:
+            try:
+                row = asdict(summarize(target, case))
+            except Exception as e:  # a compiler failure is this build's result, not the run's end
+                row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"
         print(json.dumps(row), flush=True)
     return 0
 

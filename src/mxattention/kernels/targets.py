@@ -1,10 +1,11 @@
 """The GPU a kernel is built for, as Triton names it, and the per-architecture tuning of the attention kernel.
 
-Exposes `Target` (backend + architecture, Triton's `GPUTarget` without the warp size's role in
-lookups), `current_target(device)` (what Triton reports for a torch device; None on the CPU
-interpreter), `native_mx(target)` / `matrix_path_for(target)` (where `tl.dot_scaled` on E2M1 is
-native), `FwdTiles` and `fwd_tiles(target, dp, ...)` (the attention kernel's tile config, read from
-the frozen table `FWD_TILES`), and `SHARED_BYTES` (per-block shared memory a launch may use).
+Exposes `Target` (backend + architecture, as Triton's `GPUTarget`), `current_target(device)` (what
+Triton reports for a torch device; None on the CPU interpreter), `native_mx(target)` /
+`matrix_path_for(target)` (where `tl.dot_scaled` on E2M1 is native and this Triton builds it:
+`NATIVE_MX_MIN_TRITON`), `FwdTiles` and `fwd_tiles(target, dp, ...)` (the attention kernel's tile
+config, read from the frozen table `FWD_TILES`), and `SHARED_BYTES` (per-block shared memory a
+launch may use).
 
 The matrix path (docs/design.md, 'Kernel plan') is chosen by the architecture Triton reports,
 never by a CUDA capability number alone: ROCm's torch reports MI350 (gfx950) as capability 9.5,
@@ -55,18 +56,36 @@ SM_100A = Target("cuda", 100)
 SM_120A = Target("cuda", 120)
 GFX950 = Target("hip", "gfx950", 64)
 SM_90A = Target("cuda", 90)
+MX_TARGETS = (SM_100A, SM_120A, GFX950)  # the targets with native MX the kernels are checked for
 # Where `tl.dot_scaled(..., "e2m1", ...)` lowers to block-scaled MMA instructions (checked offline:
 # tests/kernels/test_codegen.py). Elsewhere Triton decodes E2M1 to bf16 in registers, and the
 # kernel's own "bf16" path does that with fewer instructions.
 _NATIVE_MX_HIP = frozenset({"gfx950"})
+# The oldest Triton (major, minor) whose build of the attention kernel's dot_scaled path was checked,
+# where an older one fails: Triton 3.6 crashes building it for sm_100a (in the pass
+# TritonGPUOptimizeAccumulatorInit); 3.9 builds it. Older Tritons take the "bf16" path there.
+NATIVE_MX_MIN_TRITON = {"sm_100": (3, 9)}
 
 
 def native_mx(target: Target) -> bool:
-    """Whether `target` has block-scaled E2M1 MMA instructions Triton uses: sm_100+ (tcgen05 on
-    sm_100/103, mma.sync block_scale on sm_120/121) and CDNA4 (gfx950)."""
+    """Whether `target` has block-scaled E2M1 MMA instructions this Triton builds the kernel with:
+    sm_100+ (tcgen05 on sm_100/103, mma.sync block_scale on sm_120/121) and CDNA4 (gfx950)."""
     if target.backend == "cuda":
-        return int(target.arch) >= 100
-    return target.backend == "hip" and target.arch in _NATIVE_MX_HIP
+        native = int(target.arch) >= 100
+    else:
+        native = target.backend == "hip" and target.arch in _NATIVE_MX_HIP
+    oldest = NATIVE_MX_MIN_TRITON.get(target.family)
+    return native and (oldest is None or triton_version() >= oldest)
+
+
+def triton_version() -> tuple[int, int]:
+    """(major, minor) of the installed Triton; (0, 0) without one."""
+    from mxattention.kernels._triton import HAS_TRITON, triton
+
+    if not HAS_TRITON:
+        return (0, 0)
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
 def matrix_path_for(target: Target | None) -> str:

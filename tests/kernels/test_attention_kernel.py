@@ -21,12 +21,13 @@ import math
 import pytest
 import torch
 
-from mxattention.attention.config import get_method
+from mxattention.attention.config import AttentionConfig, QuantSpec, get_method
 
 from .helpers import compare, qkv
 
 REL_OF_QUANT = 1e-3
 DECISION_RATE = 1e-3
+_MX4, _MX8 = QuantSpec.mx("e2m1"), QuantSpec.mx("e4m3")
 
 
 def _check(c, label=""):
@@ -46,7 +47,12 @@ def _check(c, label=""):
 
 @pytest.mark.parametrize(
     "method,d,lq,lk",
-    [("mxattention", 64, 150, 200), ("mxfp4-ocp", 128, 70, 300), ("mxfp4-ocp-hadamard-pnq", 32, 33, 129)],
+    [
+        ("mxattention", 64, 150, 200),
+        ("mxfp4-ocp", 128, 70, 300),
+        ("mxfp4-ocp-hadamard-pnq", 32, 33, 129),
+        ("mxattention-pv8", 64, 150, 200),
+    ],
 )
 def test_matches_reference(method, d, lq, lk, device):
     q, k, v = qkv(1, 2, 2, lq, lk, d, seed=d)
@@ -106,12 +112,13 @@ def test_half_inputs(device):
     _check(compare(q, k, v, "mxattention", device=device), "bf16 in")
 
 
+@pytest.mark.parametrize("method", ["mxattention", "mxattention-pv8"])
 @pytest.mark.parametrize("layout", ["packed", "bf16"])
-def test_matrix_paths_agree(layout, device):
+def test_matrix_paths_agree(layout, method, device):
     """dot_scaled on bytes, and the bf16 path on bytes or bf16 K^, V^: the same function."""
     q, k, v = qkv(1, 2, 2, 64, 160, 64, seed=9)
-    a = compare(q, k, v, "mxattention", device=device, matrix_path="dot_scaled")
-    b = compare(q, k, v, "mxattention", device=device, matrix_path="bf16", kv_layout=layout)
+    a = compare(q, k, v, method, device=device, matrix_path="dot_scaled")
+    b = compare(q, k, v, method, device=device, matrix_path="bf16", kv_layout=layout)
     _check(a, "dot_scaled")
     _check(b, f"bf16/{layout}")
     rel = ((a.out - b.out).norm() / a.out.norm()).item()
@@ -204,18 +211,53 @@ def test_kv_heads_per_chunk():
             kv_heads_per_chunk(1, 40, 4096, 128, 128, bad)
 
 
+# MXFP8 E4M3 P~ and V (issue 16), and the two mixed ladders: the kernels take each operand's own.
+PV8_MIXED = [
+    AttentionConfig("v8-p4", _MX4, _MX4, _MX8, _MX4, hadamard=True, pnq=True),
+    AttentionConfig("v4-p8-ocp", _MX4, _MX4, QuantSpec.mx("e2m1", "ocp"), QuantSpec.mx("e4m3", "ocp")),
+]
+
+
+@pytest.mark.parametrize("cfg", PV8_MIXED, ids=lambda c: c.name)
+def test_mixed_ladders(cfg, device):
+    q, k, v = qkv(1, 2, 1, 70, 100, 32, seed=21)
+    _check(compare(q, k, v, cfg, device=device), cfg.name)
+    _check(compare(q, k, v, cfg, device=device, matrix_path="bf16", kv_layout="packed"), cfg.name)
+
+
+@pytest.mark.parametrize("path", ["bf16", "dot_scaled"])
+def test_pv8_causal_tiles_and_tiny_p_blocks(path, device):
+    """mxattention-pv8 with causal and padded tiles (block_n 32), and with key blocks pushed 121 to
+    128 binades under the row max by an additive mask, so P~ blocks take scales 2**-121 to the clamp
+    2**-127: their E4M3 normals are fp32 subnormals (`cast.elem_round` rounds them in the scaled
+    domain; rounding p itself left them unrounded). Every Q(P~) decision equals the reference's."""
+    cfg = get_method("mxattention-pv8").with_tiles(block_n=32)
+    q, k, v = qkv(1, 2, 2, 100, 150, 64, seed=22)
+    c = compare(q, k, v, cfg, is_causal=True, matrix_path=path, block_m=64, device=device)
+    _check(c, f"pv8 causal {path}")
+    assert c.p_differ == 0
+    q, k, v = qkv(1, 2, 2, 40, 160, 64, seed=23, outliers=False)
+    mask = torch.zeros(1, 1, 40, 160)
+    for i, binades in enumerate((121.5, 124.0, 126.0, 127.5)):  # keys 32 (i + 1) .. 32 (i + 2)
+        mask[..., 32 * (i + 1) : 32 * (i + 2)] = -binades * math.log(2.0)
+    c = compare(q, k, v, cfg, mask=mask, scale=0.05, matrix_path=path, device=device)
+    _check(c, f"pv8 tiny p {path}")
+    assert c.p_differ == 0
+
+
 @pytest.mark.parametrize("layout", ["packed", "bf16"])
 def test_extreme_block_scales(layout, device):
     """Blocks at the ends of the E8M0 range decode exactly: Q rows and V columns near 1e36 (scale
     2**118, above the 2**113 that one fp16-trick factor reaches), K near 1e-36 so the scores stay
     moderate, and tiny V columns (subnormal products)."""
-    q, k, v = qkv(1, 2, 2, 40, 96, 64, seed=15)
-    q[:, :, 5:9] *= 1e36
-    k *= 1e-36
-    v[..., 3] *= 1e36
-    v[..., 7] *= 1e-36
-    c = compare(q, k, v, "mxattention", device=device, matrix_path="bf16", kv_layout=layout)
-    _check(c, f"extreme scales, {layout} K/V")
+    for method in ("mxattention", "mxattention-pv8"):
+        q, k, v = qkv(1, 2, 2, 40, 96, 64, seed=15)
+        q[:, :, 5:9] *= 1e36
+        k *= 1e-36
+        v[..., 3] *= 1e36
+        v[..., 7] *= 1e-36
+        c = compare(q, k, v, method, device=device, matrix_path="bf16", kv_layout=layout)
+        _check(c, f"extreme scales, {method}, {layout} K/V")
 
 
 NONFINITE = {
@@ -228,9 +270,19 @@ NONFINITE = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(NONFINITE))
-@pytest.mark.parametrize("path,layout", [("bf16", "packed"), ("bf16", "bf16"), ("dot_scaled", None)])
-def test_nonfinite_inputs_as_reference(case, path, layout, device):
+NONFINITE_RUNS = [
+    (case, "mxattention", path, layout)
+    for case in sorted(NONFINITE)
+    for path, layout in [("bf16", "packed"), ("bf16", "bf16"), ("dot_scaled", None)]
+] + [
+    (case, "mxattention-pv8", path, layout)
+    for case in ("q_nan", "v_inf", "v_nan")
+    for path, layout in [("bf16", "bf16"), ("dot_scaled", None)]
+]
+
+
+@pytest.mark.parametrize("case,method,path,layout", NONFINITE_RUNS)
+def test_nonfinite_inputs_as_reference(case, method, path, layout, device):
     """NaN / Inf in Q, K or V: the outputs and lse are NaN / Inf exactly where the reference's are
     (an MX block holding one becomes NaN; a NaN score stays NaN through the P~ cast's saturation),
     and the finite rows agree."""
@@ -241,7 +293,7 @@ def test_nonfinite_inputs_as_reference(case, path, layout, device):
     qkv_ = list(qkv(1, 1, 1, 40, 96, 64, seed=16))
     qkv_[which][0, 0, row, col] = value
     q, k, v = qkv_
-    cfg = get_method("mxattention")
+    cfg = get_method(method)
     ref, ref_lse = reference_attention(q, k, v, cfg, scale=0.125)
     out, lse = fused_attention(
         q.to(device), k.to(device), v.to(device), cfg, scale=0.125, matrix_path=path, kv_layout=layout
@@ -281,7 +333,7 @@ def test_scale_beyond_the_kernels_fp32_constant():
         fused_attention(q, k, v, get_method("mxattention"), scale=1e39)
 
 
-@pytest.mark.parametrize("method", ["mxattention", "mxfp4-ocp"])
+@pytest.mark.parametrize("method", ["mxattention", "mxfp4-ocp", "mxattention-pv8"])
 @pytest.mark.parametrize("magnitude", [1.7e8, 3.6e10, 1e30])
 def test_large_scores_as_reference(method, magnitude, device):
     """Scores of any finite magnitude: the row max gets P~ = 1 as in the reference. One fma per P~
@@ -296,9 +348,16 @@ def test_large_scores_as_reference(method, magnitude, device):
     assert ((c.lse - c.ref_lse).abs() <= 1e-4 + 2.0**-21 * c.ref_lse.abs()).all()
 
 
-@pytest.mark.parametrize("path,layout", [("bf16", "bf16"), ("dot_scaled", None)])
+@pytest.mark.parametrize(
+    "method,path,layout",
+    [
+        ("mxattention", "bf16", "bf16"),
+        ("mxattention", "dot_scaled", None),
+        ("mxattention-pv8", "bf16", "bf16"),
+    ],
+)
 @pytest.mark.parametrize("value", [6e4, 65504.0])
-def test_fp16_output_near_max_saturates_as_reference(value, path, layout, device):
+def test_fp16_output_near_max_saturates_as_reference(value, method, path, layout, device):
     """fp16 V at +-6e4 / 65504 (quantized to 65536 under UOS): the kernel's output is finite and
     equals the reference's saturated cast (on a GPU the kernel's own fp16 store saturates)."""
     from mxattention.attention.sdpa import sdpa_reference
@@ -307,9 +366,9 @@ def test_fp16_output_near_max_saturates_as_reference(value, path, layout, device
     q, k, _ = qkv(1, 2, 2, 16, 40, 32, seed=20, dtype=torch.float16)
     v = torch.full((1, 2, 40, 32), value, dtype=torch.float16)
     v[..., ::2] *= -1
-    ref = sdpa_reference(q, k, v, method="mxattention", scale=32**-0.5)
+    ref = sdpa_reference(q, k, v, method=method, scale=32**-0.5)
     out, _ = fused_attention(
-        q.to(device), k.to(device), v.to(device), get_method("mxattention"), scale=32**-0.5,
+        q.to(device), k.to(device), v.to(device), get_method(method), scale=32**-0.5,
         matrix_path=path, kv_layout=layout,
     )  # fmt: skip
     assert out.dtype == torch.float16 and torch.isfinite(out).all()

@@ -1,4 +1,5 @@
-"""The attention kernel's P~ cast (`block_scale` + `e2m1_round`) equals `fake_quantize` bit for bit.
+"""The attention kernel's P~ cast (`block_scale` + `elem_round`) equals `fake_quantize` bit for bit,
+on E2M1 and on E4M3 (MXFP8, 3 mantissa bits, saturation at 448, subnormals at 2**-9).
 
 `block_scale` takes the shared exponent from the bits in four integer ops (boundaries >= 2); it must
 give the same 2**e as the general `shared_exponent` (and the PyTorch rule) for every block maximum
@@ -11,7 +12,7 @@ import warnings
 import pytest
 import torch
 
-from mxattention.formats.ladders import E2M1
+from mxattention.formats.ladders import E2M1, E4M3, get_ladder
 from mxattention.formats.mx import fake_quantize
 from mxattention.formats.scale_rules import resolve_rule, shared_exponent
 from mxattention.kernels._triton import tl, triton
@@ -19,7 +20,9 @@ from mxattention.kernels.cast import (
     block_scale,
     cast_packed,
     dequant_e2m1,
-    e2m1_round,
+    dequant_e4m3,
+    elem_code,
+    elem_round,
     exp2_int,
     inv_exp2,
     ladder_code,
@@ -29,63 +32,119 @@ from mxattention.kernels.rules import rule_constants
 from tests.formats.hard_values import hard_values
 
 RULES = ("ocp", "tfs", "uos", 5.3, 7.0000001, 2.5, 1.5)
+# (elem, rule): E2M1 with every rule above, E4M3 with its own (boundaries 448, 464 + 2**-15, 300,
+# 500, and 1.5 on the general path).
+ELEM_RULES = [("e2m1", r) for r in RULES] + [("e4m3", r) for r in ("ocp", "tfs", "uos", 300.0, 500.0, 1.5)]
 
 
 @triton.jit
-def _p_cast_kernel(X, Scale, General, Out, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constexpr):
+def _p_cast_kernel(
+    X,
+    Scale,
+    General,
+    Out,
+    CEIL: tl.constexpr,
+    Q_EXP: tl.constexpr,
+    Q_MANT: tl.constexpr,
+    ELEM: tl.constexpr = "e2m1",
+):
     rows = tl.program_id(0) * 16 + tl.arange(0, 16)
     x = tl.load(X + rows[:, None] * 32 + tl.arange(0, 32)[None, :])
     amax = tl.max(x, 1)
     two_e = block_scale(amax, CEIL, Q_EXP, Q_MANT)
     tl.store(Scale + rows, two_e)
     tl.store(General + rows, exp2_int(kernel_shared_exponent(amax, CEIL, Q_EXP, Q_MANT)))
-    tl.store(Out + rows[:, None] * 32 + tl.arange(0, 32)[None, :], e2m1_round(x, two_e[:, None]))
+    tl.store(Out + rows[:, None] * 32 + tl.arange(0, 32)[None, :], elem_round(x, two_e[:, None], ELEM))
 
 
-def _run(x: torch.Tensor, rule, device):
-    rc = rule_constants(rule)
+def _run(x: torch.Tensor, rule, device, elem="e2m1"):
+    rc = rule_constants(rule, elem)
     x = x.to(device).contiguous()
     n = x.shape[0]
     scale, general = (torch.empty(n, device=device) for _ in range(2))
     out = torch.empty_like(x)
-    _p_cast_kernel[(n // 16,)](x, scale, general, out, rc.ceil, rc.q_exp, rc.q_mant)
+    _p_cast_kernel[(n // 16,)](x, scale, general, out, rc.ceil, rc.q_exp, rc.q_mant, elem)
     return scale.cpu(), general.cpu(), out.cpu()
 
 
-def _nonneg_blocks(seed: int, below: float = 2.0**126) -> torch.Tensor:
+def _nonneg_blocks(seed: int, below: float = 2.0**126, elem: str = "e2m1") -> torch.Tensor:
     """Nonnegative hard values in blocks of 32, blocks with a larger maximum zeroed."""
-    x = hard_values(E2M1, 32 * 2048, seed=seed).abs().view(-1, 32)
+    x = hard_values(get_ladder(elem), 32 * 2048, seed=seed).abs().view(-1, 32)
     return torch.where(x.amax(-1, keepdim=True) < below, x, 0.0)
 
 
-@pytest.mark.parametrize("rule", RULES)
-def test_block_scale_equals_shared_exponent(rule, device):
-    x = _nonneg_blocks(seed=1)
+@pytest.mark.parametrize("elem,rule", ELEM_RULES)
+def test_block_scale_equals_shared_exponent(elem, rule, device):
+    x = _nonneg_blocks(seed=1, elem=elem)
     with warnings.catch_warnings():
         # The kernel also rounds; above e2m1_round's domain (2**105) that output, unused here,
         # overflows in the interpreter (6 * 2**127 for the 1.5 boundary).
         warnings.simplefilter("ignore", RuntimeWarning)
-        scale, general, _ = _run(x, rule, device)
+        scale, general, _ = _run(x, rule, device, elem)
     amax = x.amax(-1)
-    ref = torch.exp2(shared_exponent(amax, resolve_rule(rule, E2M1), E2M1).float())
+    ladder = get_ladder(elem)
+    ref = torch.exp2(shared_exponent(amax, resolve_rule(rule, ladder), ladder).float())
     pos = amax > 0
     assert pos.sum() > 1500 and (pos & (amax < 2.0**-126)).sum() > 20  # subnormal maxima are covered
     assert torch.equal(scale[pos], ref[pos])
     assert torch.equal(general[pos], ref[pos])
-    zero_scale = 2.0**-127 if rule_constants(rule).q_exp >= 1 else 1.0
+    zero_scale = 2.0**-127 if rule_constants(rule, elem).q_exp >= 1 else 1.0
     assert (scale[~pos] == zero_scale).all()
 
 
-@pytest.mark.parametrize("rule", RULES)
-def test_p_cast_equals_fake_quantize(rule, device):
-    x = _nonneg_blocks(seed=2, below=2.0**100)  # e2m1_round's domain: 2**(E + 22) stays finite
+def _e4m3_ties(g: torch.Generator) -> torch.Tensor:
+    """Blocks [n, 32] of P~-like values (max 1 or just below a scale boundary) holding E4M3 midpoints
+    and their fp32 neighbours at every binade of the scaled block, subnormal steps included, and
+    values just below / above 448 and 464 times the scale (saturation)."""
+    mags = torch.tensor(E4M3.magnitudes, dtype=torch.float32)
+    mids = (mags[1:] + mags[:-1]) / 2  # every tie of the ladder (exact in fp32)
+    pts = torch.cat([mids, torch.nextafter(mids, mids * 2), torch.nextafter(mids, mids * 0), mags])
+    pts = torch.cat([pts, torch.tensor([448.0, 449.0, 455.9, 456.0, 456.1, 463.9, 464.0])])
+    blocks = []
+    for e in (-8, -9, -20, -60, -118, -124, -125, -126, -127):  # 2**e: P~'s block scales, the last clamped
+        vals = pts * 2.0**e
+        vals = torch.cat([vals, torch.zeros((-vals.numel()) % 31)]).view(-1, 31)
+        bmax = torch.full((vals.shape[0], 1), 464.0 * 2.0**e)
+        if e == -8:
+            bmax[:] = 1.0  # the row max: UOS puts 1 at 256 * 2**-8
+        blocks.append(torch.cat([bmax, vals.clamp(max=bmax)], dim=1))
+    x = torch.cat(blocks)
+    return x[torch.randperm(x.shape[0], generator=g)]
+
+
+@pytest.mark.parametrize("elem,rule", ELEM_RULES)
+def test_p_cast_equals_fake_quantize(elem, rule, device):
+    x = _nonneg_blocks(seed=2, below=2.0**100, elem=elem)  # elem_round's domain: C B stays finite
     # P~ values: the row max is 1 and the rest exp2 of anything down to -160 (subnormal, 0).
     g = torch.Generator().manual_seed(3)
     p = torch.exp2(-160 * torch.rand(2048, 32, generator=g) ** 3)
     p[::3, 0] = 1.0
-    for vals in (x, p):
-        _, _, out = _run(vals, rule, device)
-        assert torch.equal(out, fake_quantize(vals, axis=-1, rule=rule))
+    cases = [x, p]
+    if elem == "e4m3":
+        ties = _e4m3_ties(g)
+        cases.append(torch.cat([ties, torch.zeros((-ties.shape[0]) % 16, 32)]))
+    for vals in cases:
+        _, _, out = _run(vals, rule, device, elem)
+        assert torch.equal(out, fake_quantize(vals, axis=-1, rule=rule, elem=elem))
+
+
+def test_p_cast_keeps_nan(device):
+    """A NaN score (NaN P~) stays NaN through the saturation on both ladders, as the reference's cast."""
+    x = torch.full((16, 32), 0.25)
+    x[3, 5] = float("nan")
+    for elem in ("e2m1", "e4m3"):
+        out = torch.empty_like(x, device=device)
+        two_e = torch.full((16,), 2.0**-8, device=device)
+        _round_kernel[(1,)](x.to(device), two_e, out, elem)
+        out = out.cpu()
+        assert out[3, 5].isnan() and out.isnan().sum() == 1
+
+
+@triton.jit
+def _round_kernel(X, TwoE, Out, ELEM: tl.constexpr):
+    offs = tl.arange(0, 16)[:, None] * 32 + tl.arange(0, 32)[None, :]
+    two_e = tl.load(TwoE + tl.arange(0, 16))
+    tl.store(Out + offs, elem_round(tl.load(X + offs), two_e[:, None], ELEM))
 
 
 @triton.jit
@@ -278,3 +337,40 @@ def test_cast_packed_binade_edges(rule, device):
         ref = mx_quantize(y * norm, axis=-1, rule=rule)
         assert torch.equal(words.cpu().view(torch.uint8), ref.data)
         assert torch.equal(scales.cpu().to(torch.uint8), ref.scales)
+
+
+@triton.jit
+def _e4m3_code_kernel(R, Codes, Scales, Out, Back, C: tl.constexpr, CD: tl.constexpr):
+    offs = tl.arange(0, 256)[:, None] * C + tl.arange(0, C)[None, :]
+    tl.store(Out + offs, elem_code(tl.load(R + offs), "e4m3"))
+    offs_d = tl.arange(0, 256)[:, None] * CD + tl.arange(0, CD)[None, :]
+    scales = tl.load(Scales + tl.arange(0, 256)[:, None] * (CD // 32) + tl.arange(0, CD // 32)[None, :])
+    tl.store(Back + offs_d, dequant_e4m3(tl.load(Codes + offs_d), scales, 256, CD))
+
+
+def test_e4m3_codes_and_dequant_every_scale_byte(device):
+    """`elem_code` gives `ladder_codes`' E4M3 code of every ladder value (subnormals included), and
+    `dequant_e4m3` (packed V^ on the bf16 path) equals `MXTensor.dequantize` for every code (both
+    signs) under every E8M0 byte: 2**-127 to 2**127 (one factor would overflow above 2**7) and
+    255 = NaN."""
+    from mxattention.formats.mx import MXTensor
+    from mxattention.formats.rounding import ladder_codes
+
+    mags = torch.tensor(E4M3.magnitudes, dtype=torch.float32)  # 127 values: codes 0..126
+    r = torch.cat([mags, torch.zeros(1)]).repeat(256, 1)
+    codes = torch.cat([torch.arange(127), torch.arange(128, 255), torch.zeros(2)]).to(torch.uint8)
+    codes = codes.repeat(256, 1)  # every code of both signs, in 8 blocks of 32 per row
+    scales = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(256, 1).repeat(1, 8)
+    got = torch.empty(256, 128, dtype=torch.int32, device=device)
+    back = torch.empty(256, 256, device=device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the interpreter's numpy overflow to inf
+        _e4m3_code_kernel[(1,)](r.to(device), codes.to(device), scales.to(device), got, back, C=128, CD=256)
+    assert torch.equal(got.cpu()[:, :127], ladder_codes(mags, E4M3).to(torch.int32).repeat(256, 1))
+    ref = MXTensor(
+        data=codes, scales=scales, shape=torch.Size((256, 256)), axis=-1, dtype=torch.float32,
+        ladder=E4M3, rule=resolve_rule("ocp", E4M3), block_size=32,
+    ).dequantize()  # fmt: skip
+    back = back.cpu()
+    assert torch.equal(back.isnan(), ref.isnan()) and back[255].isnan().all()
+    assert torch.equal(back[~back.isnan()], ref[~ref.isnan()])

@@ -64,16 +64,33 @@ def test_nvfp4_reason(monkeypatch):
 
 @pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2"])
 def test_other_ladders_have_a_named_reason(monkeypatch, fmt):
-    """The kernels compute E2M1 operands: any other ladder, on any operand, goes to the reference."""
+    """The kernels compute E2M1 Q, K and E2M1 or E4M3 V, P~: any other ladder, on any operand, goes
+    to the reference with the formats named."""
     if not (torch.cuda.is_available() or kernels_interpreted()):
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
     monkeypatch.setenv("MXATTENTION_CPU_KERNELS", "1")
     q = qkv(1, 1, 1, 16, 32, 64)[0].to("cuda" if torch.cuda.is_available() else "cpu")
     s4, s = mx.QuantSpec("mxfp4"), mx.QuantSpec(fmt)
     assert unsupported_reason(mx.AttentionConfig("t", s4, s4, s4, s4, pnq=True), q, 64, 64) is None
-    for ops in ((s, s4, s4, s4), (s4, s, s4, s4), (s4, s4, s, s4), (s4, s4, s4, s)):
+    served = {"mxfp8_e4m3": 2}.get(fmt, 0)  # how many of (V, P~) the kernels take in this format
+    for i, ops in enumerate(((s, s4, s4, s4), (s4, s, s4, s4), (s4, s4, s, s4), (s4, s4, s4, s))):
         reason = unsupported_reason(mx.AttentionConfig("t", *ops, pnq=True), q, 64, 64)
-        assert reason is not None and fmt in reason
+        if i >= 4 - served:
+            assert reason is None
+        else:
+            assert reason is not None and fmt in reason
+
+
+def test_pv8_presets_take_the_kernels(monkeypatch):
+    """mxattention-pv8 runs on the kernels; mxfp8 (E4M3 Q, K) and the Q-smoothed preset do not yet,
+    each with its reason."""
+    if not (torch.cuda.is_available() or kernels_interpreted()):
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    monkeypatch.setenv("MXATTENTION_CPU_KERNELS", "1")
+    q = qkv(1, 1, 1, 16, 32, 64)[0].to("cuda" if torch.cuda.is_available() else "cpu")
+    assert unsupported_reason(mx.get_method("mxattention-pv8"), q, 64, 64) is None
+    assert "mxfp8_e4m3" in unsupported_reason(mx.get_method("mxfp8"), q, 64, 64)
+    assert "smoothing" in unsupported_reason(mx.get_method("mxattention-pv8-smooth"), q, 64, 64)
 
 
 @cpu_kernels

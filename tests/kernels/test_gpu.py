@@ -16,11 +16,21 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("path,layout", [("bf16", "bf16"), ("bf16", "packed"), ("dot_scaled", "packed")])
-def test_large_matches_reference(path, layout):
+@pytest.mark.parametrize(
+    "method,path,layout",
+    [
+        ("mxattention", "bf16", "bf16"),
+        ("mxattention", "bf16", "packed"),
+        ("mxattention", "dot_scaled", "packed"),
+        ("mxattention-pv8", "bf16", "bf16"),
+        ("mxattention-pv8", "bf16", "packed"),
+        ("mxattention-pv8", "dot_scaled", "packed"),
+    ],
+)
+def test_large_matches_reference(method, path, layout):
     # Before sm_100 Triton emulates tl.dot_scaled (bf16 upcast): slower, same function.
     q, k, v = qkv(1, 4, 4, 2048, 2048, 128, seed=11)
-    c = compare(q, k, v, "mxattention", device="cuda", matrix_path=path, kv_layout=layout)
+    c = compare(q, k, v, method, device="cuda", matrix_path=path, kv_layout=layout)
     assert c.rel_l2 <= 1e-3 * c.quant_rel_l2
     assert c.p_differ <= 1e-3 * c.p_decisions
 

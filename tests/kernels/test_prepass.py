@@ -7,7 +7,7 @@ allowed to differ: every test demands exact equality of codes and scale bytes.
 import pytest
 import torch
 
-from mxattention.formats.ladders import E2M1
+from mxattention.formats.ladders import E2M1, E4M3
 from mxattention.formats.mx import fake_quantize, mx_quantize
 from mxattention.kernels.prepass import prepass_qk, prepass_v
 from mxattention.rotation import rotate
@@ -100,6 +100,27 @@ def test_v_bytes_equal_mx_quantize(rule, d, device):
     assert torch.equal(codes[:, :, :d, : nb * 16].cpu(), ref.data)
     assert torch.equal(scales[:, :, :d, :nb].cpu(), ref.scales)
     assert (codes[:, :, :, nb * 16 :] == 0).all() and (scales[:, :, :, nb:] == 127).all()
+
+
+@pytest.mark.parametrize("rule", ("ocp", "uos", 500.0))
+@pytest.mark.parametrize("d", [64, 80, 256])
+def test_v_e4m3_equals_mx_quantize(rule, d, device):
+    """The MXFP8 V^ pass (elem="e4m3"): one code byte per key equal to mx_quantize's, and the bf16
+    values equal fake_quantize's (blocks scaled below 2**-124, not bf16 numbers, left out: 1e-30)."""
+    g = torch.Generator().manual_seed(d + 1)
+    v = _outliers((1, 2, 100, d), g)
+    v[0, 0, :40] = hard_values(E4M3, 40 * d, seed=d).view(40, d)
+    codes, scales = prepass_v(v.to(device), rule, elem="e4m3")
+    ref = mx_quantize(v, axis=-2, rule=rule, elem="e4m3")
+    nb = ref.scales.shape[-1]
+    assert torch.equal(codes[:, :, :d, : nb * 32].cpu(), ref.data)
+    assert torch.equal(scales[:, :, :d, :nb].cpu(), ref.scales)
+    assert (codes[:, :, :, nb * 32 :] == 0).all() and (scales[:, :, :, nb:] == 127).all()
+    v = torch.where(v.abs() > 1e-30, v, 0.0)
+    y = prepass_v(v.to(device), rule, elem="e4m3", out_bf16=True)[..., :100, :d].float().cpu()
+    want = fake_quantize(v, -2, rule=rule, elem="e4m3")
+    assert torch.equal(y.isnan(), want.isnan())
+    assert torch.equal(y[~y.isnan()], want[~want.isnan()])
 
 
 @pytest.mark.parametrize("layout", ["blhd", "strided_d"])

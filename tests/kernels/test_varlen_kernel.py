@@ -87,28 +87,31 @@ def run(q, k, v, cu_q, cu_k, method, device, **kw):
     return out.cpu(), lse.cpu()
 
 
-def test_mixed_lengths_dot_scaled(device):
+@pytest.mark.parametrize("method", ["mxattention", "mxattention-pv8"])
+def test_mixed_lengths_dot_scaled(method, device):
     # Empty query and key sequences, lengths off multiples of 32 and of the tiles, GQA. A NaN in
     # sequence 1's V lies inside sequence 0's last key tile: it must reach sequence 1's rows only.
+    # mxattention-pv8: V^ as E4M3 bytes (one per key) in the varlen layout.
     q, k, v, cu_q, cu_k = packed([5, 4, 0, 3, 70], [37, 13, 64, 0, 130], hq=2, hk=1, nan_seq=1)
-    out, lse = run(q, k, v, cu_q, cu_k, "mxattention", device, block_m=64)
+    out, lse = run(q, k, v, cu_q, cu_k, method, device, block_m=64)
     nan = torch.zeros_like(out, dtype=torch.bool)
     nan[5:9, :, 3] = True  # the NaN's V^ block (channel 3; both query heads read the KV head)
     assert torch.equal(out.isnan(), nan)
     assert out[9:12].eq(0).all() and torch.isneginf(lse[:, 9:12]).all()  # queries without keys
-    check_per_sequence(q, k, v, cu_q, cu_k, out, lse, "mxattention", device, block_m=64)
+    check_per_sequence(q, k, v, cu_q, cu_k, out, lse, method, device, block_m=64)
 
 
-def test_causal_bf16_layout(device):
+@pytest.mark.parametrize("method", ["mxfp4-ocp", "mxattention-pv8"])
+def test_causal_bf16_layout(method, device):
     # Top-left causal per sequence with Lq < Lk and Lq > Lk; the Hopper path's bf16 K^ / V^ layout,
     # with a NaN in sequence 1's V inside sequence 0's last key tile.
     q, k, v, cu_q, cu_k = packed([10, 70, 5], [20, 33, 9], hq=2, hk=2, d=64, dv=32, seed=1, nan_seq=1)
     kw = dict(is_causal=True, matrix_path="bf16", kv_layout="bf16", block_m=64)
-    out, lse = run(q, k, v, cu_q, cu_k, "mxfp4-ocp", device, **kw)
+    out, lse = run(q, k, v, cu_q, cu_k, method, device, **kw)
     nan = torch.zeros_like(out, dtype=torch.bool)
     nan[10:80, 0, 3] = True  # the NaN's V^ block (channel 3, head 0) in sequence 1's rows only
     assert torch.equal(out.isnan(), nan)
-    check_per_sequence(q, k, v, cu_q, cu_k, out, lse, "mxfp4-ocp", device, **kw)
+    check_per_sequence(q, k, v, cu_q, cu_k, out, lse, method, device, **kw)
 
 
 def test_many_short_sequences_in_launch_pieces(device, monkeypatch):

@@ -21,17 +21,23 @@ decided exactly as `formats.fake_quantize` decides it. The kernel is compiled wi
 contraction, and fmas are written out: P~ must round twice (s * scale, then - m), as the
 reference's S - m does, so a row max gets exactly p_tilde = 1 and the floor rule its scale.
 
+P~ and V take their own element ladder (constexprs P_ELEM, V_ELEM: "e2m1", or "e4m3" for the
+MXFP8 presets such as mxattention-pv8); Q^ and K^ are E2M1. E4M3 P~ is rounded in the scaled
+domain p 2**-e (`cast.elem_round`: its normal binades reach fp32's subnormals), two multiplies per
+score more than E2M1 (docs/design.md, 'Precision ladder and smoothing').
+
 Speed notes (H200, benchmarks/NOTES.md): the P~ cast is ALU work on the same issue slots as the
 softmax, so every instruction per score counts; tiles whose keys are all valid skip the mask select.
 
-Two matrix paths with the same numerics (every product of two dequantized MXFP4 values is exact in
-fp32; only the fp32 summation order differs):
+Two matrix paths with the same numerics (every product of two dequantized MXFP4 or MXFP8 E4M3
+values is exact in fp32; only the fp32 summation order differs):
 
-- "dot_scaled": `tl.dot_scaled(..., "e2m1", ...)` on the packed codes and E8M0 bytes (native on
+- "dot_scaled": `tl.dot_scaled(..., "e2m1" / "e4m3", ...)` on the codes and E8M0 bytes (native on
   sm_100+ and CDNA4, emulated by the Triton >= 3.9 interpreter);
-- "bf16": codes x 2**e decoded in registers to bf16 (exact) and fed to bf16 tensor cores with fp32
-  accumulation (Hopper and older). The interpreter's tl.dot reads bf16 as raw integers (Triton
-  3.9), so there the same exact values go through an fp32 dot instead.
+- "bf16": codes x 2**e decoded in registers to bf16 (exact; E4M3 for block scales >= 2**-124,
+  `cast.dequant_e4m3`) and fed to bf16 tensor cores with fp32 accumulation (Hopper and older).
+  The interpreter's tl.dot reads bf16 as raw integers (Triton 3.9), so there the same exact
+  values go through an fp32 dot instead.
 """
 
 from __future__ import annotations
@@ -45,12 +51,14 @@ from mxattention.kernels._triton import kernels_interpreted, tl, triton
 from mxattention.kernels.cast import (
     block_scale,
     dequant_e2m1,
-    e2m1_round,
+    dequant_e4m3,
+    elem_code,
+    elem_round,
     inv_exp2,
-    ladder_code,
     pack_nibbles,
 )
 from mxattention.kernels.prepass import varlen_v_start
+from mxattention.kernels.rules import KERNEL_ELEMS
 from mxattention.kernels.targets import current_target, matrix_path_for
 
 MATRIX_PATHS = ("bf16", "dot_scaled")
@@ -88,11 +96,16 @@ def _load(ptrs, ok, other, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _v_codes(Vc, Vs, v_rows, start, Lk, NC: tl.constexpr, MASKED: tl.constexpr):
-    """Packed V^ codes [DV, NC / 2] and scales [DV, NC / 32] of keys [start, start + NC); MASKED:
-    keys past Lk read as zeros (codes 0, scale 1), the bytes of a dense call's padding."""
-    pairs_in = (start + 2 * tl.arange(0, NC // 2) < Lk)[None, :]
-    codes = _load(Vc + v_rows // 2 + (start // 2 + tl.arange(0, NC // 2))[None, :], pairs_in, 0, MASKED)
+def _v_codes(Vc, Vs, v_rows, start, Lk, NC: tl.constexpr, MASKED: tl.constexpr, V_ELEM: tl.constexpr):
+    """Packed V^ codes [DV, NC / 2] (E4M3: bytes [DV, NC]) and scales [DV, NC / 32] of keys
+    [start, start + NC); MASKED: keys past Lk read as zeros (codes 0, scale 1), the bytes of a
+    dense call's padding."""
+    if V_ELEM == "e4m3":
+        keys = start + tl.arange(0, NC)[None, :]
+        codes = _load(Vc + v_rows + keys, keys < Lk, 0, MASKED)
+    else:
+        pairs_in = (start + 2 * tl.arange(0, NC // 2) < Lk)[None, :]
+        codes = _load(Vc + v_rows // 2 + (start // 2 + tl.arange(0, NC // 2))[None, :], pairs_in, 0, MASKED)
     blocks_in = (start + 32 * tl.arange(0, NC // 32) < Lk)[None, :]
     scales = _load(
         Vs + v_rows // 32 + (start // 32 + tl.arange(0, NC // 32))[None, :], blocks_in, 127, MASKED
@@ -114,14 +127,29 @@ def _v_hat(
     KV_BF16: tl.constexpr,
     DOT_T: tl.constexpr,
     MASKED: tl.constexpr = False,
+    V_ELEM: tl.constexpr = "e2m1",
 ):
     """V^ keys [start, start + NC) as a [NC, DV] dot operand (MASKED: zeros past Lk)."""
     if KV_BF16:
         keys = v_base + start + tl.arange(0, NC)[:, None]
         keys_in = start + tl.arange(0, NC)[:, None] < Lk
         return _load(Vx + keys * DV + tl.arange(0, DV)[None, :], keys_in, 0.0, MASKED).to(DOT_T)
-    codes, scales = _v_codes(Vc, Vs, v_rows, start, Lk, NC, MASKED)
-    return tl.trans(dequant_e2m1(codes, scales, DV, NC).to(DOT_T))
+    codes, scales = _v_codes(Vc, Vs, v_rows, start, Lk, NC, MASKED, V_ELEM)
+    # (if / else: Triton also compiles the statements after a constexpr branch that returns)
+    if V_ELEM == "e4m3":
+        v = dequant_e4m3(codes, scales, DV, NC)
+    else:
+        v = dequant_e2m1(codes, scales, DV, NC)
+    return tl.trans(v.to(DOT_T))
+
+
+@triton.jit
+def _mx_operand(codes, ELEM: tl.constexpr):
+    """A tl.dot_scaled operand of ELEM from its codes: E2M1 packed bytes as they are, E4M3 bytes
+    as float8e4nv (uint8 would read as E2M1)."""
+    if ELEM == "e4m3":
+        codes = codes.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+    return codes
 
 
 @triton.jit
@@ -168,6 +196,8 @@ def _attend_tile(
     KV_BF16: tl.constexpr,
     ABLATE: tl.constexpr,
     VARLEN: tl.constexpr = False,
+    P_ELEM: tl.constexpr = "e2m1",
+    V_ELEM: tl.constexpr = "e2m1",
 ):
     """One key tile of Algorithm 1: (m, l, o_tilde) after keys [start_n, start_n + BN).
 
@@ -215,7 +245,7 @@ def _attend_tile(
     p3 = tl.math.exp2(s3 * c - m_use[:, None, None])
     p_blk = tl.math.exp2(s_blk * c - m_use[:, None])
     two_e = block_scale(p_blk, CEIL, Q_EXP, Q_MANT)
-    p_hat3 = e2m1_round(p3, two_e[:, :, None])
+    p_hat3 = elem_round(p3, two_e[:, :, None], P_ELEM)
     if ABLATE & 1:
         p_hat3 = p3
     p_hat = tl.reshape(p_hat3, [BM, BN])
@@ -226,16 +256,17 @@ def _attend_tile(
     o_tilde = o_tilde * alpha[:, None]
 
     if DOT_SCALED:
-        v_codes, v_scales = _v_codes(Vc, Vs, v_rows, start_n, Lk, BN, CLIP)
-        # p_hat / 2**e is exactly on the E2M1 ladder (nonnegative: the code is the magnitude code);
+        v_codes, v_scales = _v_codes(Vc, Vs, v_rows, start_n, Lk, BN, CLIP, V_ELEM)
+        # p_hat / 2**e is exactly on the P~ ladder (nonnegative: the code is the magnitude code);
         # P~ <= 1 keeps two_e within inv_exp2's range: the inverse and the product are exact.
-        code = ladder_code(tl.reshape(p_hat3 * inv_exp2(two_e)[:, :, None], [BM, BN]))
+        code = elem_code(tl.reshape(p_hat3 * inv_exp2(two_e)[:, :, None], [BM, BN]), P_ELEM)
+        if P_ELEM == "e2m1":
+            code = pack_nibbles(code, BM, BN)
         p_scales = (two_e.to(tl.int32, bitcast=True) >> 23).to(tl.uint8)
-        o_tilde = tl.dot_scaled(
-            pack_nibbles(code, BM, BN), p_scales, "e2m1", tl.trans(v_codes), v_scales, "e2m1", o_tilde
-        )
+        v_op = _mx_operand(tl.trans(v_codes), V_ELEM)
+        o_tilde = tl.dot_scaled(_mx_operand(code, P_ELEM), p_scales, P_ELEM, v_op, v_scales, V_ELEM, o_tilde)
     else:
-        v_hat = _v_hat(Vx, Vc, Vs, v_base, v_rows, start_n, Lk, BN, DV, KV_BF16, DOT_T, CLIP)
+        v_hat = _v_hat(Vx, Vc, Vs, v_base, v_rows, start_n, Lk, BN, DV, KV_BF16, DOT_T, CLIP, V_ELEM)
         o_tilde = tl.dot(p_hat.to(DOT_T), v_hat, o_tilde)
     if PNQ:
         # Placed after the PV wgmma is issued: this sum waits for the cast, and here its additions
@@ -296,6 +327,8 @@ def _mx_attention_fwd_kernel(
     ABLATE: tl.constexpr = 0,
     OUT_MAX: tl.constexpr = 0.0,
     VARLEN: tl.constexpr = False,
+    P_ELEM: tl.constexpr = "e2m1",
+    V_ELEM: tl.constexpr = "e2m1",
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -349,7 +382,7 @@ def _mx_attention_fwd_kernel(
             m, l, o_tilde, q_hat, q_codes, q_scales, start_n, offs_m, Kc, Ks, Vc, Vs, Kx, Vx, k_base,
             v_base, v_rows, Pdbg, dbg_row, mask_base, qk_scale, lq, lk, stride_mm, stride_mn, BM, BN, DQ,
             DV, False, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, DOT_SCALED, DEBUG_P, DOT_T, KV_BF16,
-            ABLATE, VARLEN,
+            ABLATE, VARLEN, P_ELEM, V_ELEM,
         )  # fmt: skip
     # The masked tail (a tile or two, more on the causal diagonal) runs unpipelined: pipelining
     # it too puts copies of o_tilde between wgmmas and ptxas then serializes every wgmma.
@@ -358,7 +391,7 @@ def _mx_attention_fwd_kernel(
             m, l, o_tilde, q_hat, q_codes, q_scales, start_n, offs_m, Kc, Ks, Vc, Vs, Kx, Vx, k_base,
             v_base, v_rows, Pdbg, dbg_row, mask_base, qk_scale, lq, lk, stride_mm, stride_mn, BM, BN, DQ,
             DV, True, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, DOT_SCALED, DEBUG_P, DOT_T, KV_BF16,
-            ABLATE, VARLEN,
+            ABLATE, VARLEN, P_ELEM, V_ELEM,
         )  # fmt: skip
 
     empty = l == 0.0
@@ -428,6 +461,8 @@ def fwd_calls(
     debug_p: torch.Tensor | None = None,
     ablate: int = 0,
     varlen: tuple[torch.Tensor, torch.Tensor, int] | None = None,
+    p_elem: str = "e2m1",
+    v_elem: str = "e2m1",
 ) -> tuple[torch.Tensor, list[FwdCall]]:
     """(lse [B, Hq, Lq], the kernel launches) for pre-pass outputs; `mx_attention_fwd` runs them,
     which writes `out` [B, Hq, Lq, Dv] and lse.
@@ -435,7 +470,9 @@ def fwd_calls(
     `q_packed` = (codes [B, Hq, LQP, DQ/2], scales), `k_packed` likewise with Hkv heads, `v_packed` =
     (codes [B, Hkv, DVP, LKP/2], scales [B, Hkv, DVP, LKP/32]) (see `prepass`); LQP a multiple of
     `block_m`, LKP of `block_n`. `mask`: None or a [B, Hq, Lq, Lk] (broadcast) view, bool (True =
-    attend) or additive float in natural-log units. `p_rule` = (CEIL, Q_EXP, Q_MANT) of P~'s rule.
+    attend) or additive float in natural-log units. `p_rule` = (CEIL, Q_EXP, Q_MANT) of P~'s rule on
+    its element ladder `p_elem` ("e2m1" or "e4m3", `rules.rule_constants(rule, p_elem)`); `v_elem`
+    is V^'s ladder (E4M3 codes: one byte each, [B, Hkv, DVP, LKP]).
     `debug_p`: an fp32 [B, Hq, Lq, LKP] buffer that receives Q(P~) of every tile computed.
     `k_packed` / `v_packed` may instead be single bf16 tensors of the dequantized values, K^ [B, Hkv,
     LKP, DQ] and V^ [B, Hkv, LKP, DVP] (`prepass_*(..., out_bf16=True)`), for the "bf16" path only.
@@ -456,13 +493,15 @@ def fwd_calls(
     else:
         (kc, ks), (vc, vs) = k_packed, v_packed
         kx = vx = qc
-        lkp, lvp, dvp = kc.shape[2], vc.shape[3] * 2, vc.shape[2]
+        lkp, lvp, dvp = kc.shape[2], vc.shape[3] * (1 if v_elem == "e4m3" else 2), vc.shape[2]
     bsz, hq, lqp, dq2 = qc.shape
     path = matrix_path or default_matrix_path(qc.device)
     if kv_bf16 and path != "bf16":
         raise ValueError("bf16 K^ / V^ operands need matrix_path='bf16'")
     if path not in MATRIX_PATHS:
         raise ValueError(f"matrix_path must be one of {MATRIX_PATHS}, got {path!r}")
+    if p_elem not in KERNEL_ELEMS or v_elem not in KERNEL_ELEMS:
+        raise ValueError(f"p_elem and v_elem must be in {KERNEL_ELEMS}, got {p_elem!r}, {v_elem!r}")
     if varlen is None and (lqp % block_m or lkp % block_n):
         raise ValueError(
             f"padded lengths ({lqp}, {lkp}) must be multiples of the tiles ({block_m}, {block_n})"
@@ -522,6 +561,8 @@ def fwd_calls(
         ABLATE=ablate,
         OUT_MAX=torch.finfo(out.dtype).max if out.dtype in (torch.float16, torch.bfloat16) else 0.0,
         VARLEN=varlen is not None,
+        P_ELEM=p_elem,
+        V_ELEM=v_elem,
     )
     opts = tuple(compile_options)
     if varlen is None:

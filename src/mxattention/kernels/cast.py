@@ -14,13 +14,16 @@ the same exact integer / power-of-two arithmetic so the bytes agree bit for bit:
   subnormal and clamp cases of `shared_exponent` fall out of the arithmetic.
 - `e2m1_round`: round-to-nearest-even onto the E2M1 ladder times 2**e, as a value (the
   decision of `formats.rounding.round_magnitude`); `ladder_code`: the 3-bit code of such a value.
+- `elem_round` / `elem_code`: the same for the element ladder ELEM, a constexpr ("e2m1" or
+  "e4m3": E4M3's 7-bit magnitude code, saturation at 448 * 2**e; `e4m3_round` on scaled values).
 - `cast_blocks`: the whole cast of fp32 blocks along one axis (codes, E8M0 bytes and values), as
-  `formats.mx.mx_quantize` / `fake_quantize`.
+  `formats.mx.mx_quantize` / `fake_quantize`, on either ladder.
 - `cast_packed`: the same cast along the last axis straight to packed int32 words (the pre-pass's
   Q^ and packed K^), with the rotation's 1/sqrt(b) folded into the block scale; `signed_nibbles`
   and `pack_nibble_words` are its packing steps.
 - `pack_nibbles`, `unpack_nibbles`, `dequant_e2m1`: packing (element 2i in the low nibble) and
-  decoding codes x 2**e to fp32 values that bf16 holds exactly (bf16 has fp32's exponent range).
+  decoding codes x 2**e to fp32 values that bf16 holds exactly (bf16 has fp32's exponent range);
+  `dequant_e4m3`: E4M3 bytes x 2**e to fp32 (exact in bf16 for 2**e >= 2**-124, see its doc).
 
 The host-side encoding of a rule is `rule_constants(rule)` in `mxattention.kernels.rules`.
 """
@@ -32,6 +35,8 @@ from mxattention.kernels._triton import tl, triton
 # 2**-104: the packed cast rounds p * 2**-104, which leaves r * 2**-126 (the code's bits; `_cast_words`).
 _TWO_M104: tl.constexpr = tl.constexpr(2.0**-104)
 _ONE_M22: tl.constexpr = tl.constexpr(1.0 - 2.0**-22)
+# 2**-120: E4M3 has exponent bias 7, fp32 127, so r * 2**-120 holds r's E4M3 code in bits 20-26.
+_TWO_M120: tl.constexpr = tl.constexpr(2.0**-120)
 
 
 @triton.jit
@@ -112,18 +117,20 @@ def ladder_code(r):
 
 
 @triton.jit
-def _ladder_step_round(p, two_e):
-    """p >= 0 rounded (nearest, ties to even) to the E2M1 ladder step of its binade, unsaturated.
+def _ladder_step_round(p, lo, C: tl.constexpr = 4194304.0):
+    """p >= 0 rounded (nearest, ties to even) to the ladder step of its binade, unsaturated.
 
-    The float adder does it: C = 2**(max(E_p, e) + 22) has a unit in the last place of half the
-    binade (1 mantissa bit; step 2**(e-1) below 2**e, the subnormal codes 0 and 0.5), so
-    (p + C) - C is round-to-nearest-even, for p < 2**105 (C must stay finite).
+    The float adder does it: with the binade B = 2**max(E_p, log2 lo) (lo = 2**e times 2 to the
+    ladder's smallest normal exponent: its subnormals share that binade's step), C B has a unit in
+    the last place of B / (2**23 / C), the ladder's step there (C = 2**(23 - mantissa bits): 2**22
+    for E2M1, 2**20 for E4M3), so (p + C B) - C B is round-to-nearest-even, for p < 2**105 (C B
+    must stay finite). lo may be subnormal (E4M3 at 2**e = 2**-127: 2**-133); C B is not.
     """
     binade = (p.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
-    step = tl.maximum(binade, two_e)
-    # Explicit fmas (c = step * 2**22 is exact): the same two instructions whether or not the
-    # kernel lets the compiler contract a * b + c.
-    return tl.fma(step, -4194304.0, tl.fma(step, 4194304.0, p))
+    step = tl.maximum(binade, lo)
+    # Explicit fmas (C B is exact): the same two instructions whether or not the kernel lets the
+    # compiler contract a * b + c.
+    return tl.fma(step, -C, tl.fma(step, C, p))
 
 
 @triton.jit
@@ -137,6 +144,42 @@ def e2m1_round(p, two_e):
     """
     r = _ladder_step_round(p, two_e)
     return tl.minimum(r, 6.0 * two_e, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def elem_round(p, two_e, ELEM: tl.constexpr):
+    """Q(p) for p >= 0 against block scale two_e = 2**e in [2**-127, 2**126] on the element ladder
+    ELEM, as a value, exact; NaN stays NaN: round_magnitude(p / 2**e) * 2**e.
+
+    "e2m1": `e2m1_round` on p itself. "e4m3" (3 mantissa bits, smallest normal 2**-6, saturation
+    at 448) rounds r = p 2**-e instead and multiplies back (two multiplies, both exact): E4M3's
+    normal binades reach 2**-6 * 2**e, which for 2**e <= 2**-121 lies among fp32's subnormals,
+    whose bits carry no binade (P~ blocks 112 binades below the row max; E2M1's ladder starts at
+    2**e, always normal or the one subnormal binade 2**-127).
+    """
+    if ELEM == "e4m3":
+        return e4m3_round(p * inv_exp2(two_e)) * two_e
+    else:
+        return e2m1_round(p, two_e)
+
+
+@triton.jit
+def e4m3_round(r):
+    """r >= 0 rounded to the E4M3 ladder (nearest, ties to even; subnormal step 2**-9), saturated at
+    448, NaN kept: `_ladder_step_round` with binades from 2**-6 and C = 2**20, for r < 2**105."""
+    q = _ladder_step_round(r, 0.015625, 1048576.0)
+    return tl.minimum(q, 448.0, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def elem_code(r, ELEM: tl.constexpr):
+    """Magnitude code (int32) of an exact ladder value r >= 0 of ELEM: E2M1 `ladder_code` (3 bits),
+    E4M3 7 bits: r * 2**-120 has E4M3's bias, so its bits 20-26 are the exponent field and mantissa
+    (E4M3's subnormals m * 2**-9 become fp32 subnormals m * 2**-129, bits m << 20)."""
+    if ELEM == "e4m3":
+        return (r * _TWO_M120).to(tl.int32, bitcast=True) >> 20
+    else:
+        return ladder_code(r)
 
 
 @triton.jit
@@ -289,11 +332,33 @@ def dequant_e2m1(packed, scales, R: tl.constexpr, C: tl.constexpr):
     c = unpack_nibbles(packed, R, C)
     h = ((c & 7) << 9) | ((c & 8) << 12)
     v = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return _times_scales(v, scales, 14, R, C)
+
+
+@triton.jit
+def _times_scales(v, scales, BIAS_GAP: tl.constexpr, R: tl.constexpr, C: tl.constexpr):
+    """v [R, C] (a ladder value times 2**-BIAS_GAP) times its block's E8M0 scale [R, C // 32]: the
+    factor 2**(e + BIAS_GAP) in two powers of two where it passes 2**127, each product exact; scale
+    byte 255 gives NaN."""
     e = scales.to(tl.int32) - 127
-    f = exp2_int(tl.minimum(e + 14, 127))
-    g = tl.where(scales == 255, float("nan"), exp2_int(tl.maximum(e - 113, 0)))
+    f = exp2_int(tl.minimum(e + BIAS_GAP, 127))
+    g = tl.where(scales == 255, float("nan"), exp2_int(tl.maximum(e + BIAS_GAP - 127, 0)))
     v = tl.reshape(v, [R, C // 32, 32]) * tl.reshape(f, [R, C // 32, 1]) * tl.reshape(g, [R, C // 32, 1])
     return tl.reshape(v, [R, C])
+
+
+@triton.jit
+def dequant_e4m3(codes, scales, R: tl.constexpr, C: tl.constexpr):
+    """E4M3 bytes [R, C] (sign in bit 7) with E8M0 bytes [R, C // 32] along the last axis -> fp32.
+
+    The 7 magnitude bits at bit 20 read as the value times 2**-120 (`elem_code`), so one shift and
+    the block factor decode it. bf16 holds the result exactly where 2**e >= 2**-124 (4 significant
+    bits, the lowest >= 2**(e - 9) >= 2**-133, bf16's smallest subnormal); below, the cast to bf16
+    rounds (docs/design.md, 'Precision ladder and smoothing'). Scale byte 255 decodes to NaN.
+    """
+    c = codes.to(tl.int32)
+    v = (((c & 127) << 20) | ((c & 128) << 24)).to(tl.float32, bitcast=True)
+    return _times_scales(v, scales, 120, R, C)
 
 
 @triton.jit
@@ -324,22 +389,32 @@ def cast_blocks(
     Q_MANT: tl.constexpr,
     AXIS: tl.constexpr,
     IN_THREAD: tl.constexpr = False,
+    ELEM: tl.constexpr = "e2m1",
 ):
-    """MXFP4 cast of fp32 x3 in blocks along AXIS.
+    """MX cast of fp32 x3 in blocks along AXIS onto the element ladder ELEM ("e2m1", "e4m3").
 
-    Returns (4-bit codes like x3, E8M0 bytes reduced over AXIS, the dequantized values like x3).
+    Returns (codes like x3: 4-bit E2M1 / 8-bit E4M3, sign-magnitude; E8M0 bytes reduced over AXIS;
+    the dequantized values like x3).
     A block with a NaN or Inf gets scale byte 255, codes 0 and NaN values, as `mx_quantize` /
-    `fake_quantize`. Codes and values come from one rounding (`e2m1_round` on the scaled
-    magnitude, below 8), so the two outputs cannot disagree. IN_THREAD picks how the block max is
+    `fake_quantize`. Codes and values come from one rounding (`elem_round` on the scaled
+    magnitude, below 2 q), so the two outputs cannot disagree. IN_THREAD picks how the block max is
     reduced (`_block_amax_bits`; the same result either way).
     """
     bits = x3.to(tl.int32, bitcast=True)
     amax_bits = _block_amax_bits(x3, AXIS, IN_THREAD)
     bad = amax_bits >= 0x7F800000
     e = shared_exponent(tl.where(bad, 0, amax_bits).to(tl.float32, bitcast=True), CEIL, Q_EXP, Q_MANT)
-    r = e2m1_round(tl.abs(x3) * tl.expand_dims(exp2_int(-e), AXIS), 1.0)
+    a = tl.abs(x3) * tl.expand_dims(exp2_int(-e), AXIS)
+    if ELEM == "e4m3":
+        r = e4m3_round(a)
+    else:
+        r = e2m1_round(a, 1.0)
     sign = bits & -2147483648  # -0.0 keeps its sign, as in mx_quantize
-    codes = tl.where(tl.expand_dims(bad, AXIS), 0, ladder_code(r) | ((sign >> 28) & 8))
+    if ELEM == "e4m3":
+        sign_bit = (sign >> 24) & 128
+    else:
+        sign_bit = (sign >> 28) & 8
+    codes = tl.where(tl.expand_dims(bad, AXIS), 0, elem_code(r, ELEM) | sign_bit)
     # A NaN block factor makes every value of a bad block NaN, with no select per element.
     factor = tl.expand_dims(tl.where(bad, float("nan"), exp2_int(e)), AXIS)
     vals = ((r * factor).to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)

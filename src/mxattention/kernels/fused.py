@@ -20,6 +20,7 @@ import torch
 from mxattention.attention.config import AttentionConfig
 from mxattention.attention.reference import cast_output
 from mxattention.kernels._triton import HAS_TRITON, kernels_interpreted
+from mxattention.kernels.rules import KERNEL_ELEMS
 from mxattention.kernels.targets import Target, current_target, fwd_tiles, matrix_path_for
 
 MAX_HEAD_DIM = 256
@@ -53,9 +54,12 @@ def unsupported_reason(cfg: AttentionConfig, query: torch.Tensor, head_dim: int,
         return f"method {cfg.name!r} leaves an operand unquantized; the kernels quantize all of Q, K, V, P~"
     if any(s.format == "nvfp4" for s in specs):
         return f"method {cfg.name!r} uses NVFP4; NVFP4 baselines run on the PyTorch reference"
-    if any(s.format != "mxfp4" for s in specs):
+    if any(s.format != "mxfp4" for s in specs[:2]) or any(s.elem not in KERNEL_ELEMS for s in specs[2:]):
         fmts = "/".join(s.format for s in specs)
-        return f"method {cfg.name!r} has Q/K/V/P~ formats {fmts}; the kernels compute MXFP4 operands only"
+        return (
+            f"method {cfg.name!r} has Q/K/V/P~ formats {fmts}; the kernels compute MXFP4 Q, K and "
+            "MXFP4 or MXFP8 E4M3 V, P~"
+        )
     if cfg.smooth_k or cfg.smooth_q or cfg.p_row_scale != 1.0:
         return f"method {cfg.name!r} uses SageAttention smoothing, which the kernels do not implement"
     if cfg.block_n & (cfg.block_n - 1) or not 32 <= cfg.block_n <= 256:
@@ -112,7 +116,7 @@ def fused_attention(
     out_dtype = torch.float32 if kernels_interpreted() else query.dtype
     out = torch.empty((b, hq, lq, dv), dtype=out_dtype, device=query.device)
     lse = torch.empty((b, hq, lq), dtype=torch.float32, device=query.device)
-    pr = rule_constants(cfg.p.rule)
+    pr = rule_constants(cfg.p.rule, cfg.p.elem)
     dbg = torch.zeros((b, hq, lq, lkp), dtype=torch.float32, device=query.device) if debug_p else None
     group = hq // hk
     step = hk
@@ -126,7 +130,7 @@ def fused_attention(
         kp = prepass_qk(
             key[bs, kv], cfg.k.rule, hadamard=cfg.hadamard, len_multiple=max(bn, 128), out_bf16=wide
         )
-        vp = prepass_v(value[bs, kv], cfg.v.rule, len_multiple=max(bn, 128), out_bf16=wide)
+        vp = prepass_v(value[bs, kv], cfg.v.rule, len_multiple=max(bn, 128), out_bf16=wide, elem=cfg.v.elem)
         if dbg is not None:
             dbg_chunk = torch.zeros_like(dbg[bs, qh])
         lse[bs, qh] = mx_attention_fwd(
@@ -150,6 +154,8 @@ def fused_attention(
             num_stages=num_stages,
             compile_options=options,
             debug_p=None if dbg is None else dbg_chunk,
+            p_elem=cfg.p.elem,
+            v_elem=cfg.v.elem,
         )
         if dbg is not None:
             dbg[bs, qh] = dbg_chunk  # the kernel indexes its buffer as a contiguous [B, heads, Lq, Lk']

@@ -69,7 +69,7 @@ def fused_varlen_attention(
     # Every row is written: each sequence's programs cover its rows (max_seqlen_q >= its length).
     out = torch.empty((tq, hq, dv), dtype=out_dtype, device=q.device)
     lse = torch.empty((hq, tq), dtype=torch.float32, device=q.device)
-    pr = rule_constants(cfg.p.rule)
+    pr = rule_constants(cfg.p.rule, cfg.p.elem)
     group = hq // hk
     step = hk
     if wide:
@@ -82,7 +82,7 @@ def fused_varlen_attention(
         qx, kx, vx = (x[:, hs].permute(1, 0, 2)[None] for x, hs in ((q, qh), (k, kv), (v, kv)))
         qp = prepass_qk(qx, cfg.q.rule, hadamard=cfg.hadamard, len_multiple=max(bm, 128))
         kp = prepass_qk(kx, cfg.k.rule, hadamard=cfg.hadamard, len_multiple=max(bn, 128), out_bf16=wide)
-        vp = prepass_v(vx, cfg.v.rule, out_bf16=wide, varlen=(cu_seqlens_k, max_seqlen_k))
+        vp = prepass_v(vx, cfg.v.rule, out_bf16=wide, varlen=(cu_seqlens_k, max_seqlen_k), elem=cfg.v.elem)
         lse[qh] = mx_attention_fwd(
             qp,
             kp,
@@ -103,6 +103,8 @@ def fused_varlen_attention(
             num_stages=num_stages,
             compile_options=options,
             varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q),
+            p_elem=cfg.p.elem,
+            v_elem=cfg.v.elem,
         )[0]
         del qp, kp, vp  # freed before the next group's pre-pass allocates
     return cast_output(out, q.dtype), lse  # the kernel saturates its own stores likewise

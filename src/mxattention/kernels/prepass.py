@@ -11,7 +11,8 @@ Exposes `padded_dim`, `padded_len`, `prepass_qk` and `prepass_v`.
   `mx_quantize(rotate(x), axis=-1)` zero-padded to Dp columns (a power of two >= 32) and Lp rows
   (zero rows: codes 0, scale byte 127).
 - `prepass_v(v [B, H, L, Dv])`: the cast in blocks of 32 along the keys. Out: codes
-  [B, H, Dvp, Lp / 2] and scales [B, H, Dvp, Lp / 32], i.e. `mx_quantize(v, axis=-2)` padded.
+  [B, H, Dvp, Lp / 2] and scales [B, H, Dvp, Lp / 32], i.e. `mx_quantize(v, axis=-2)` padded;
+  with elem="e4m3" (MXFP8) one code byte per element, codes [B, H, Dvp, Lp].
 - `out_bf16=True` (either): the dequantized values as bf16 instead of bytes, exactly
   `fake_quantize`'s values (each has 2 significant bits and fp32's exponent range, as bf16). The
   attention kernel's Hopper path reads K^ and V^ this way: decoding bytes in its inner loop costs
@@ -238,6 +239,7 @@ def _v_prepass_kernel(
     Q_MANT: tl.constexpr,
     OUT_BF16: tl.constexpr,
     VARLEN: tl.constexpr = False,
+    ELEM: tl.constexpr = "e2m1",
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -260,19 +262,26 @@ def _v_prepass_kernel(
     else:  # 16 keys x 8 columns of 256 would be 256 values per thread: spills
         x, rows, cols = _load_tile(X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL, DP)
         x = tl.reshape(x, [BL // 32, 32, DP])
-    codes, scales, vals = cast_blocks(x, CEIL, Q_EXP, Q_MANT, 1)
+    codes, scales, vals = cast_blocks(x, CEIL, Q_EXP, Q_MANT, 1, ELEM=ELEM)
     if OUT_BF16:
         vals = tl.reshape(vals, [BL, DP])
         rows64 = bh.to(tl.int64) * L_PAD + out_start + rows[:, None].to(tl.int64)
         _store(Codes + rows64 * DP + cols[None, :], vals.to(tl.bfloat16), rows[:, None] < L_OUT, VARLEN)
         return
     codes_t = tl.reshape(tl.permute(codes, 2, 0, 1), [DP, BL])  # keys last, as mx_quantize(axis=-2)
-    packed = pack_nibbles(codes_t, DP, BL)
     base = (bh.to(tl.int64) * DP + cols[:, None].to(tl.int64)) * L_PAD + out_start
-    pairs = pid * BL + 2 * tl.arange(0, BL // 2)[None, :]
-    _store(
-        Codes + base // 2 + pid * (BL // 2) + tl.arange(0, BL // 2)[None, :], packed, pairs < L_OUT, VARLEN
-    )
+    if ELEM == "e4m3":  # one byte per code
+        keys = pid * BL + tl.arange(0, BL)[None, :]
+        _store(Codes + base + keys, codes_t.to(tl.uint8), keys < L_OUT, VARLEN)
+    else:
+        packed = pack_nibbles(codes_t, DP, BL)
+        pairs = pid * BL + 2 * tl.arange(0, BL // 2)[None, :]
+        _store(
+            Codes + base // 2 + pid * (BL // 2) + tl.arange(0, BL // 2)[None, :],
+            packed,
+            pairs < L_OUT,
+            VARLEN,
+        )
     s_t = tl.trans(scales).to(tl.uint8)
     blocks = pid * BL + 32 * tl.arange(0, BL // 32)[None, :]
     _store(
@@ -326,8 +335,8 @@ def _tile(key: str, lp: int) -> tuple[int, int]:
     return rows, warps
 
 
-def _rule_args(rule: str | float | ScaleRule) -> dict:
-    rc = rule_constants(rule)
+def _rule_args(rule: str | float | ScaleRule, elem: str = "e2m1") -> dict:
+    rc = rule_constants(rule, elem)
     return {"CEIL": rc.ceil, "Q_EXP": rc.q_exp, "Q_MANT": rc.q_mant}
 
 
@@ -394,10 +403,13 @@ def prepass_v(
     len_multiple: int = 128,
     out_bf16: bool = False,
     varlen: tuple[torch.Tensor, int] | None = None,
+    elem: str = "e2m1",
 ):
     """Cast v [B, H, L, Dv] along the keys: (codes [B,H,Dvp,Lp/2], scales [B,H,Dvp,Lp/32]).
 
-    With `out_bf16`, the dequantized values instead, as bf16 [B, H, Lp, Dvp] (keys not transposed).
+    `elem` "e4m3" (MXFP8): one code byte per element, codes [B, H, Dvp, Lp] (sign in bit 7).
+    With `out_bf16`, the dequantized values instead, as bf16 [B, H, Lp, Dvp] (keys not transposed;
+    E4M3 values are exact in bf16 for block scales >= 2**-124, `cast.dequant_e4m3`).
     `varlen` = (cu_seqlens_k, max_seqlen_k): v [1, H, total_k, Dv] is a packed batch whose blocks
     of 32 keys restart at every sequence; Lp = `varlen_v_len` and sequence i starts at row
     `varlen_v_start` (its rows past its length rounded up to 32 are left unwritten).
@@ -409,7 +421,9 @@ def prepass_v(
         codes = torch.empty((b, h, lp, dp), dtype=torch.bfloat16, device=v.device)
         scales = codes
     else:
-        codes = torch.empty((b, h, dp, lp // 2), dtype=torch.uint8, device=v.device)
+        codes = torch.empty(
+            (b, h, dp, lp // (1 if elem == "e4m3" else 2)), dtype=torch.uint8, device=v.device
+        )
         scales = torch.empty((b, h, dp, lp // MX_BLOCK_SIZE), dtype=torch.uint8, device=v.device)
     key = "v_256" if dp > 128 else ("v_bf16" if out_bf16 else "v_packed")
     bl, warps = _tile(key, lp)
@@ -437,7 +451,8 @@ def prepass_v(
             DP=dp,
             OUT_BF16=out_bf16,
             VARLEN=varlen is not None,
-            **_rule_args(rule),
+            ELEM=elem,
+            **_rule_args(rule, elem),
             num_warps=warps,
         )
     return codes if out_bf16 else (codes, scales)

@@ -25,6 +25,8 @@ from mxattention.kernels.fused import launch_config
 # has no FP4 MMA, so there Triton decodes dot_scaled's operands to bf16.
 MX_BUILDS = ("sm_100a/d128", "sm_120a/d128", "gfx950/d128")
 CONTROL = "sm_90a/d128/dot_scaled"
+# MXFP8 P~V (issue 16): dot_scaled(p, "e4m3", v, "e4m3") next to the E2M1 QK^T.
+PV8_BUILDS = ("sm_100a/d128/mxattention-pv8",)
 NATIVE_MMA = {"sm_100a": "UTCOMMA", "sm_120a": "OMMA.SF.16864.F32.E2M1.E2M1", "gfx950": "v_mfma_scale_f32"}
 
 
@@ -34,7 +36,7 @@ def builds(tmp_path_factory, request) -> dict[str, dict]:
     session uses cannot build, and an empty cache makes every run compile."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton_cache"))
-    cmd = [sys.executable, "-m", "mxattention.kernels.codegen", *MX_BUILDS, CONTROL]
+    cmd = [sys.executable, "-m", "mxattention.kernels.codegen", *MX_BUILDS, *PV8_BUILDS, CONTROL]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-4000:]
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
@@ -98,6 +100,16 @@ def test_no_spills_and_no_loop_divides(builds, spec):
         f"{r['num_warps']} warps, {r['num_stages']} stages: retune targets.FWD_TILES for {r['target']}"
     )
     assert r["loop_divides"] == 0
+
+
+@pytest.mark.parametrize("spec", PV8_BUILDS)
+def test_pv8_block_scaled_mma(builds, spec):
+    """mxattention-pv8 on sm_100a: QK^T on kind::mxf4 (UTCOMMA) and P~V on kind::mxf8f6f4 (UTCQMMA),
+    nothing decoded, no spills, no divisions in the loops."""
+    r = _build(builds, spec)
+    assert r["matrix_path"] == "dot_scaled"
+    assert set(r["mma"]) == {"UTCOMMA", "UTCQMMA"} and r["other_mma"] == {}, r["mma"]
+    assert r["decode_ops"] == 0 and r["spill_bytes"] == 0 and r["loop_divides"] == 0
 
 
 def test_checks_flag_a_decoded_operand_path(builds):

@@ -50,7 +50,8 @@ class Case:
     @property
     def label(self) -> str:
         path = f", {self.matrix_path}" if self.matrix_path else ""
-        return f"D {self.head_dim}" + (", causal" if self.causal else "") + path
+        method = f", {self.method}" if self.method != "mxattention" else ""
+        return f"D {self.head_dim}" + (", causal" if self.causal else "") + path + method
 
 
 @dataclass(frozen=True)
@@ -118,13 +119,14 @@ def build(target: Target, case: Case = Case()):
         v = torch.empty(1, h, lkp, dp, dtype=torch.bfloat16)
     else:
         k = (torch.empty(1, h, lkp, dp // 2, dtype=u8), torch.empty(1, h, lkp, dp // 32, dtype=u8))
-        v = (torch.empty(1, h, dp, lkp // 2, dtype=u8), torch.empty(1, h, dp, lkp // 32, dtype=u8))
-    pr = rule_constants(cfg.p.rule)
+        v_bytes = lkp if cfg.v.elem == "e4m3" else lkp // 2  # MXFP8 V^: one code byte per key
+        v = (torch.empty(1, h, dp, v_bytes, dtype=u8), torch.empty(1, h, dp, lkp // 32, dtype=u8))
+    pr = rule_constants(cfg.p.rule, cfg.p.elem)
     _, (call,) = fwd.fwd_calls(
         q, k, v, lq=n, lk=n, dv=d, group=1, out=torch.empty(1, h, n, d, dtype=torch.bfloat16),
         p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=cfg.pnq, block_n=bn, scale=d**-0.5,
         is_causal=case.causal, matrix_path=path, block_m=bm, num_warps=warps, num_stages=stages,
-        compile_options=options,
+        compile_options=options, p_elem=cfg.p.elem, v_elem=cfg.v.elem,
     )  # fmt: skip
     kernel = fwd._mx_attention_fwd_kernel
     backend = make_backend(target.to_triton())
@@ -181,7 +183,9 @@ def summarize(target: Target, case: Case = Case()) -> Summary:
     return _summarize_hip(asm["amdgcn"], dots, call.num_warps, decode, common)
 
 
-_NATIVE_SASS = ("UTCOMMA", "OMMA")  # tcgen05 MMA with FP4 block scales (sm_100), mma.sync ditto (sm_120)
+# tcgen05 MMA with FP4 block scales (sm_100), mma.sync ditto (sm_120); QMMA: their MXFP8 forms
+# (kind::mxf8f6f4 .block_scale: P~V of the E4M3 presets; sm_120 marks them .SF).
+_NATIVE_SASS = ("UTCOMMA", "OMMA", "UTCQMMA", "QMMA")
 
 
 def _summarize_cuda(asm: dict, log: str, dots, warps: int, decode: int, common: dict) -> Summary:
@@ -296,7 +300,10 @@ TARGETS_BY_NAME = {t.name: t for t in (*MX_TARGETS, SM_90A)}
 
 
 def parse_spec(spec: str) -> tuple[Target, Case]:
-    """A build named as TARGET[/dHEAD_DIM][/causal][/bf16|/dot_scaled], e.g. "sm_120a/d128/causal"."""
+    """A build named as TARGET[/dHEAD_DIM][/causal][/bf16|/dot_scaled][/METHOD], e.g.
+    "sm_120a/d128/causal" or "sm_100a/d128/mxattention-pv8" (a preset's name)."""
+    from mxattention.attention.config import PRESETS
+
     name, *parts = spec.split("/")
     if name not in TARGETS_BY_NAME:
         raise ValueError(f"unknown target {name!r}: expected one of {sorted(TARGETS_BY_NAME)}")
@@ -308,6 +315,8 @@ def parse_spec(spec: str) -> tuple[Target, Case]:
             kw["matrix_path"] = part
         elif re.fullmatch(r"d\d+", part):
             kw["head_dim"] = int(part[1:])
+        elif part in PRESETS:
+            kw["method"] = part
         else:
             raise ValueError(f"build {spec!r}: {part!r} is not dN, causal, bf16 or dot_scaled")
     return TARGETS_BY_NAME[name], Case(**kw)

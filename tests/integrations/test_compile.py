@@ -109,15 +109,39 @@ def test_compiled_backward_raises_and_autograd_torch_compiles_to_torch_sdpa():
     assert patch.stats()["fallback_reasons"] == {"autograd": 2}
 
 
-def test_inductor():
+class Denoiser(TinyAttentionModel):
+    """Two attention blocks called with a timestep, as a diffusion transformer is."""
+
+    def forward(self, x: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
+        return super().forward(x)
+
+
+def test_inductor_honours_the_policys_steps_and_blocks():
+    """Inductor reorders side-effect-only ops: the step reaches the attention ops as data, the block
+    as a constant, so step 0 keeps block 1 and step 1 keeps both, as in eager execution."""
     torch.manual_seed(0)
-    model, x = TinyAttentionModel().eval(), torch.randn(1, 32, 64)
-    with torch.no_grad(), patch_sdpa() as patch:
-        want = model(x)
-        out = torch.compile(model, backend="inductor", fullgraph=True)(x)
-    # Inductor's own Linear / add code rounds differently; the attention is the same op.
-    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
-    assert patch.stats()["routed"] == 4 and patch.stats()["fallback"] == 0
+    model, x = Denoiser().eval(), torch.randn(1, 32, 64)
+    steps = [torch.tensor([900.0]), torch.tensor([600.0])]
+    runs = {}
+    for mode in ("eager", "inductor"):
+        policy = PrecisionPolicy(layers={1}, steps={1})
+        fn = model if mode == "eager" else torch.compile(model, backend="inductor", fullgraph=True)
+        with torch.no_grad(), policy.attach(model), patch_sdpa(policy=policy) as patch:
+            outs = [fn(x, t) for t in steps]
+        runs[mode] = outs, patch.stats(), policy.counts()
+    (eager, eager_stats, eager_counts), (comp, comp_stats, comp_counts) = runs["eager"], runs["inductor"]
+    assert comp_stats == eager_stats and comp_stats["routed"] == 1 and comp_stats["high_precision"] == 3
+    assert (
+        comp_counts["by_step"]
+        == eager_counts["by_step"]
+        == {
+            0: {"quantized": 1, "high_precision": 1},
+            1: {"quantized": 0, "high_precision": 2},
+        }
+    )
+    assert comp_counts["by_layer"] == eager_counts["by_layer"]
+    for out, want in zip(comp, eager, strict=True):  # Inductor's own Linear / add code may round differently
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
 
 
 # ---- diffusers transformers through the backend ----------------------------------------------------
@@ -175,3 +199,27 @@ def test_policy_under_compile_matches_eager():
     assert comp_stats["high_precision"] == eager_stats["high_precision"] == 10
     assert comp_counts["by_step"] == eager_counts["by_step"] and comp_counts["step"] == 2
     assert comp_counts["by_layer"] == eager_counts["by_layer"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_cuda_compiled_wan_runs_the_fused_kernels(backend):
+    """bf16 tiny Wan on the GPU through the backend: the compiled graph's op runs the fused kernels
+    (no reference warning), counts every run, and matches eager (bit for bit with aot_eager)."""
+    model = tiny_models.wan().to("cuda", torch.bfloat16)
+    inputs = tiny_models.to(tiny_models.wan_inputs(), "cuda", torch.bfloat16)
+    mxattention.kernels.op._WARNED.clear()  # the reference's warning comes once per process
+    with torch.no_grad(), attention_backend("mxattention"), warnings.catch_warnings():
+        warnings.simplefilter("error", mxattention.kernels.op.ReferenceFallbackWarning)
+        want = model(**inputs)[0]
+        reset_backend_stats("mxattention")
+        compiled = torch.compile(model, backend=backend, fullgraph=True)
+        outs = [compiled(**inputs)[0] for _ in range(2)]
+    stats = backend_stats("mxattention")
+    assert stats["routed"] == 8 and stats["fallback"] == 0
+    for out in outs:
+        if backend == "aot_eager":
+            assert torch.equal(out, want)
+        else:  # Inductor's own bf16 code around the attention rounds differently
+            assert tiny_models.rel_l2(out, want) < 2e-2

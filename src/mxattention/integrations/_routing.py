@@ -12,10 +12,11 @@ Exposes `Router` (the base of `SdpaPatch` and the diffusers backend's registrati
 - `route_decide` (`mxattention::route_decide`): the decision alone, for context parallelism, where
   one attention call runs the forward op once per key chunk and every chunk must use the same method.
 
-All three are ordered effectful ops (torch.library's effects), like the policy's hook ops: compiled
-graphs neither drop them (their counts are side effects) nor reorder them against one another, so the
-policy's step and block hooks run before the attention calls that read them, as in eager code. They
-are tagged cudagraph-unsafe: their Python state changes on every run. `routed_sdpa`'s backward raises
+All three are ordered effectful ops (torch.library's effects), so compiled graphs never drop them
+(their counts are side effects). Their order against the policy's hooks is kept by data, not by the
+effect (Inductor hoists side-effect-only ops): a compiled call passes its site as a constant and takes
+the step tensor of `mxattention::policy_model_call` as an input (see `policy`). They are tagged
+cudagraph-unsafe: their Python state changes on every run. `routed_sdpa`'s backward raises
 `InferenceOnlyError` (see `kernels.op`).
 
 Fallback warnings: once per reason per router (patch or backend registration), attributed to the
@@ -35,7 +36,15 @@ from mxattention._callsite import warn_at_call_site
 from mxattention.attention.config import AttentionConfig, get_method
 from mxattention.dispatch import scaled_dot_product_attention as mx_sdpa
 from mxattention.integrations._support import CallStats, torch_attention_with_lse
-from mxattention.integrations.policy import NATIVE, PrecisionPolicy
+from mxattention.integrations.policy import (
+    _UNSET,
+    NATIVE,
+    THREAD_SITE,
+    PrecisionPolicy,
+    site_of,
+    traced_site,
+    traced_step,
+)
 from mxattention.kernels.op import register_inference_only
 
 AUTOGRAD = ("error", "torch")
@@ -192,10 +201,25 @@ class Router:
         else:
             self.fallback(reason)
 
-    def decide(self, q_len: int, k_len: int, attn_mask: torch.Tensor | None) -> int:
+    def where(self) -> tuple[int, torch.Tensor | None]:
+        """(site, step) arguments of the ops for a call made here: while Dynamo traces, the graph's
+        site (a constant) and the step tensor of this forward; eagerly, "read them at run time"."""
+        if self.policy is not None and torch.compiler.is_compiling():
+            return traced_site(), traced_step(self.policy)
+        return THREAD_SITE, None
+
+    def decide(
+        self,
+        q_len: int,
+        k_len: int,
+        attn_mask: torch.Tensor | None,
+        site: int = THREAD_SITE,
+        step: torch.Tensor | None = None,
+    ) -> int:
         """QUANTIZED, HIGH_NATIVE or HIGH_METHOD for one call, counted (and the mask seen)."""
         self._saw_mask(attn_mask)
-        if self.policy is not None and self.policy.route(q_len, k_len):
+        step_ = _UNSET if step is None else int(step) if int(step) >= 0 else None
+        if self.policy is not None and self.policy.route(q_len, k_len, site=site_of(site), step=step_):
             self._add("high_precision")
             return HIGH_NATIVE if self.policy.high_precision == NATIVE else HIGH_METHOD
         self._add("routed")
@@ -212,10 +236,12 @@ class Router:
         enable_gqa: bool,
         return_lse: bool,
         decision: int | None,
+        site: int = THREAD_SITE,
+        step: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(O [B, Hq, Lq, Dv], lse [B, Hq, Lq] fp32, or empty without `return_lse`) of one call."""
         if decision is None:
-            decision = self.decide(query.shape[-2], key.shape[-2], attn_mask)
+            decision = self.decide(query.shape[-2], key.shape[-2], attn_mask, site, step)
         no_lse = query.new_empty((0,), dtype=torch.float32)
         if decision == HIGH_NATIVE and not return_lse:
             out = self.native(query, key, value, attn_mask, is_causal, scale, enable_gqa)
@@ -253,16 +279,32 @@ def routed_sdpa(
     return_lse: bool,
     router: str,
     decision: torch.Tensor | None,
+    site: int = THREAD_SITE,
+    step: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One call of the router `router` ([B, H, L, D] inputs); `decision` (from `route_decide`) or None
-    to decide here. Returns (O, lse) as `Router.run`."""
+    to decide here, with the policy's `site` and `step` (see `Router.where`). Returns (O, lse) as
+    `Router.run`."""
     d = None if decision is None else int(decision)
-    return _lookup(router).run(query, key, value, attn_mask, is_causal, scale, enable_gqa, return_lse, d)
+    return _lookup(router).run(
+        query, key, value, attn_mask, is_causal, scale, enable_gqa, return_lse, d, site, step
+    )
 
 
 @routed_sdpa.register_fake
 def _routed_sdpa_fake(
-    query, key, value, attn_mask, is_causal, scale, enable_gqa, return_lse, router, decision
+    query,
+    key,
+    value,
+    attn_mask,
+    is_causal,
+    scale,
+    enable_gqa,
+    return_lse,
+    router,
+    decision,
+    site=THREAD_SITE,
+    step=None,
 ):
     b, hq, lq, _ = query.shape
     lse_shape = (b, hq, lq) if return_lse else (0,)
@@ -281,13 +323,21 @@ def _route_fallback_fake(router, reason):
 
 
 @torch.library.custom_op("mxattention::route_decide", mutates_args=(), tags=_TAGS)
-def route_decide(router: str, q_len: int, k_len: int, attn_mask: torch.Tensor | None) -> torch.Tensor:
-    """`Router.decide` at run time, as a 0-d int8 CPU tensor for `routed_sdpa`'s `decision`."""
-    return torch.tensor(_lookup(router).decide(q_len, k_len, attn_mask), dtype=torch.int8)
+def route_decide(
+    router: str,
+    q_len: int,
+    k_len: int,
+    attn_mask: torch.Tensor | None,
+    site: int = THREAD_SITE,
+    step: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`Router.decide` at run time, as a 0-d int8 CPU tensor for `routed_sdpa`'s `decision`.
+    Traced callers pass `*router.where()` (else a policy reads the thread's site at run time)."""
+    return torch.tensor(_lookup(router).decide(q_len, k_len, attn_mask, site, step), dtype=torch.int8)
 
 
 @route_decide.register_fake
-def _route_decide_fake(router, q_len, k_len, attn_mask):
+def _route_decide_fake(router, q_len, k_len, attn_mask, site=THREAD_SITE, step=None):
     return torch.empty((), dtype=torch.int8)
 
 

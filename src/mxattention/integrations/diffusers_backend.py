@@ -58,7 +58,7 @@ from mxattention.integrations._routing import (
     tracks_grad,
 )
 from mxattention.integrations._support import original_sdpa, torch_attention_with_lse, unsupported_reason
-from mxattention.integrations.policy import PrecisionPolicy
+from mxattention.integrations.policy import THREAD_SITE, PrecisionPolicy
 from mxattention.kernels.op import InferenceOnlyError, inference_only_message
 
 DEFAULT_NAME = "mxattention"
@@ -160,7 +160,10 @@ def mxattention_forward_op(
     q, k, v = (x.permute(0, 2, 1, 3) for x in (query, key, value))
     if router is not None:
         scale_ = None if scale is None else float(scale)
-        out, lse = routed_sdpa(q, k, v, mask, is_causal, scale_, enable_gqa, return_lse, router, decision)
+        # The decision (route_decide) already holds the site and step.
+        out, lse = routed_sdpa(
+            q, k, v, mask, is_causal, scale_, enable_gqa, return_lse, router, decision, THREAD_SITE, None
+        )
         out = out.permute(0, 2, 1, 3)
         return (out, lse.permute(0, 2, 1)) if return_lse else out
     if native and not return_lse:
@@ -220,7 +223,7 @@ def _attention(
         )
     if parallel_config is not None:
         # Decided once per attention call, not per ring step, so every key chunk uses the same method.
-        decision = route_decide(reg.token, query.shape[1], key.shape[1], mask)
+        decision = route_decide(reg.token, query.shape[1], key.shape[1], mask, *reg.where())
         return _ad._templated_context_parallel_attention(
             query,
             key,
@@ -245,7 +248,10 @@ def _attention(
         reg.note_fallback(reason)
         return _native(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa)
     scale_ = None if scale is None else float(scale)
-    out, lse = routed_sdpa(q, k, v, mask, is_causal, scale_, enable_gqa, return_lse, reg.token, None)
+    site, step = reg.where()
+    out, lse = routed_sdpa(
+        q, k, v, mask, is_causal, scale_, enable_gqa, return_lse, reg.token, None, site, step
+    )
     out = out.permute(0, 2, 1, 3)
     return (out, lse.permute(0, 2, 1)) if return_lse else out
 

@@ -20,11 +20,13 @@ A call is placed by three facts, gathered by the hooks `PrecisionPolicy.attach(m
   and `WanAttention` set it), otherwise when the query and key lengths differ; else "self". Joint
   text + video attention (HunyuanVideo, Flux) is therefore "self".
 
-Under torch.compile the hooks are traced with the model. There they call two custom ops instead of
-Python code, `mxattention::policy_model_call` (the step tracker, reading the timestep tensor) and
-`mxattention::policy_site` (the site stack), so the step and the block are tracked at run time, in
-each run of the compiled graph, as in eager code: ordered effectful ops (torch.library's effects),
-which compiled graphs neither drop nor reorder against the attention calls that read them.
+Under torch.compile the hooks are traced with the model. A call's site is then a fact of the graph:
+the block hooks push their site on a trace-time stack and the traced attention call passes the
+site's index to its op as a constant (`traced_site()`). The step is a run-time fact: the model's
+pre-hook calls the custom op `mxattention::policy_model_call` (the step tracker, reading the timestep
+tensor at run time), which returns the new step as a 0-d tensor that every attention op of that
+forward takes as an input (`traced_step(policy)`), so no compiler can run the attention before the
+step update (Inductor does not keep side-effect-only ops in program order; data it must).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from mxattention.attention.config import AttentionConfig, get_method
 
 KINDS = ("self", "cross")
 NATIVE = "native"
+_UNSET: Any = object()
 
 _local = threading.local()
 
@@ -94,6 +97,29 @@ def _leave(index: int) -> None:
         stack.pop()
 
 
+# Site indices pushed by the hooks while Dynamo traces them: what `current_site` is at that point of
+# the graph, passed to the attention op as a constant. (Dynamo replays the list's mutations when it
+# leaves a frame, so a graph break inside a block leaves the real list as the trace saw it.)
+_trace_sites: list[int] = []
+
+THREAD_SITE, NO_SITE = -1, -2
+
+
+def traced_site() -> int:
+    """While Dynamo traces: the index of the innermost hooked site, or NO_SITE."""
+    return _trace_sites[-1] if _trace_sites else NO_SITE
+
+
+def site_of(index: int) -> AttentionSite | None:
+    """The site an op's `site` argument names: THREAD_SITE (eager calls) reads this thread's stack."""
+    return current_site() if index == THREAD_SITE else None if index < 0 else _sites[index]
+
+
+def traced_step(policy: PrecisionPolicy | None) -> torch.Tensor | None:
+    """While Dynamo traces: the step tensor the policy's model pre-hook produced in this forward."""
+    return None if policy is None else policy._state.trace_step
+
+
 _states: weakref.WeakValueDictionary[str, _PolicyState] = weakref.WeakValueDictionary()
 _state_ids = itertools.count()
 
@@ -106,6 +132,7 @@ class _PolicyState:
         self.token = f"policy:{next(_state_ids)}"  # names this state in the compiled hooks' op calls
         _states[self.token] = self
         self.step: int | None = None
+        self.trace_step: torch.Tensor | None = None  # traced hooks: the step op's output (see traced_step)
         self.last_t: float | None = None
         self.runs = 0
         self.model_calls = 0
@@ -240,13 +267,14 @@ class PrecisionPolicy:
             return True
         return any(fnmatch.fnmatchcase(site.name, p) for p in self.modules)
 
-    def route(self, q_len: int, k_len: int) -> bool:
-        """Decide and count one attention call of this thread; True means high precision."""
-        site = current_site()
+    def route(self, q_len: int, k_len: int, *, site: Any = _UNSET, step: Any = _UNSET) -> bool:
+        """Decide and count one attention call; True means high precision. `site` and `step` default
+        to this thread's current site and the tracked step (compiled calls pass the graph's)."""
+        site = current_site() if site is _UNSET else site
         cross = site.cross if site is not None and site.cross is not None else q_len != k_len
         kind = "cross" if cross else "self"
         st = self._state
-        step = st.step
+        step = st.step if step is _UNSET else step
         keep = self.keeps(site, step, kind)
         with st.lock:
             st.counts[
@@ -392,32 +420,24 @@ def _is_attention(module: nn.Module) -> bool:
 _TAGS = (torch.Tag.cudagraph_unsafe,)
 
 
-@torch.library.custom_op("mxattention::policy_site", mutates_args=(), tags=_TAGS)
-def _site_op(site: int, enter: bool) -> None:
-    """Enter or leave the hooked site of index `site` (this thread's site stack), at run time."""
-    (_enter if enter else _leave)(site)
-
-
-@_site_op.register_fake
-def _site_op_fake(site, enter):
-    return None
-
-
 @torch.library.custom_op("mxattention::policy_model_call", mutates_args=(), tags=_TAGS)
-def _model_call_op(state: str, timestep: torch.Tensor | None, t: float | None) -> None:
-    """The step tracker of the policy state `state` sees one model call, at run time."""
+def _model_call_op(state: str, timestep: torch.Tensor | None, t: float | None) -> torch.Tensor:
+    """The step tracker of the policy state `state` sees one model call, at run time; returns the
+    step (-1 for none yet) as a 0-d int64 CPU tensor, an input of the attention ops that follow."""
     st = _states.get(state)
     if st is not None:
         st.on_model_call(timestep if timestep is not None else t)
+    step = None if st is None else st.step
+    return torch.tensor(-1 if step is None else step, dtype=torch.int64)
 
 
 @_model_call_op.register_fake
 def _model_call_op_fake(state, timestep, t):
-    return None
+    return torch.empty((), dtype=torch.int64)
 
 
-for _op in (_site_op, _model_call_op):
-    _op.register_effect(EffectType.ORDERED)
+# Ordered effectful: never dropped, even in a graph whose attention calls all fall back.
+_model_call_op.register_effect(EffectType.ORDERED)
 
 
 def _push(site: AttentionSite):
@@ -425,15 +445,15 @@ def _push(site: AttentionSite):
 
     def pre_hook(module: nn.Module, args: tuple) -> None:
         if torch.compiler.is_compiling():
-            _site_op(index, True)
+            _trace_sites.append(index)
         else:
             _enter(index)
 
     def post_hook(module: nn.Module, args: tuple, output: object) -> None:
-        if torch.compiler.is_compiling():
-            _site_op(index, False)
-        else:
+        if not torch.compiler.is_compiling():
             _leave(index)
+        elif _trace_sites and _trace_sites[-1] == index:
+            _trace_sites.pop()
 
     return pre_hook, post_hook
 
@@ -449,11 +469,14 @@ def _install_hooks(model: nn.Module, state: _PolicyState) -> list[Any]:
         else:
             t = args[t_index] if t_index is not None and t_index < len(args) else None
         if not torch.compiler.is_compiling():
+            state.trace_step = None  # eager hooks: the attention ops read the tracked step
             state.on_model_call(t)
         elif isinstance(t, torch.Tensor):
-            _model_call_op(state.token, t, None)
+            state.trace_step = _model_call_op(state.token, t, None)
         else:
-            _model_call_op(state.token, None, float(t) if isinstance(t, (int, float)) else None)
+            state.trace_step = _model_call_op(
+                state.token, None, float(t) if isinstance(t, (int, float)) else None
+            )
 
     handles.append(model.register_forward_pre_hook(on_call, with_kwargs=True))
 

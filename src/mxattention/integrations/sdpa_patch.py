@@ -160,8 +160,9 @@ class SdpaPatch(Router):
             self.note_fallback(reason)
             return self._prev(*args, **kw)
         scale_ = None if scale is None else float(scale)
+        site, step = self.where()
         out, _ = routed_sdpa(
-            query, key, value, attn_mask, is_causal, scale_, enable_gqa, False, self.token, None
+            query, key, value, attn_mask, is_causal, scale_, enable_gqa, False, self.token, None, site, step
         )
         return out
 

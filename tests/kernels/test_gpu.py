@@ -7,6 +7,8 @@ import torch
 
 import mxattention as mx
 from mxattention.kernels import op
+from mxattention.kernels._triton import tl, triton
+from mxattention.kernels.cast import e4m3_round, e4m3_round_hw
 
 from .helpers import compare, qkv
 
@@ -151,3 +153,75 @@ def test_gluon_q_pass_equals_mx_quantize(case, rule, monkeypatch):
     monkeypatch.setattr(prepass_hopper, "usable_q", lambda *a, **k: False)
     slow = prepass_qk(x, rule, hadamard=True)
     assert torch.equal(codes, slow[0]) and torch.equal(scales, slow[1])
+
+
+@triton.jit
+def _e4m3_mismatches(Count, First, start, n, BLOCK: tl.constexpr):
+    """Counts the fp32 bit patterns start .. start + n - 1 where the hardware and the generic E4M3
+    roundings differ (NaN = NaN), and keeps the smallest such pattern."""
+    offs = start + tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    bits = offs.to(tl.int32)
+    r = bits.to(tl.float32, bitcast=True)
+    hw, sw = e4m3_round_hw(r), e4m3_round(r)
+    same = (hw.to(tl.int32, bitcast=True) == sw.to(tl.int32, bitcast=True)) | ((hw != hw) & (sw != sw))
+    bad = (offs < start + n) & ~same
+    tl.atomic_add(Count, tl.sum(bad.to(tl.int32)))
+    tl.atomic_min(First, tl.min(tl.where(bad, bits, 0x7FFFFFFF)))
+
+
+@triton.jit
+def _e4m3_hw_values(X, Out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Out + offs, e4m3_round_hw(tl.load(X + offs, mask=offs < n)), mask=offs < n)
+
+
+def test_hw_e4m3_cast_equals_generic():
+    """The hardware fp32 -> E4M3 cast (`cast.e4m3_round_hw`: cvt.rn.satfinite.e4m3x2.f32 on sm_89+)
+    is the generic `cast.e4m3_round` on every fp32 of [0, 2**105) (the scaled P~ values r the
+    attention kernel rounds: ties to even, E4M3 subnormals, fp32 subnormals, saturation at 448 from
+    464 on) and keeps NaN NaN; and `formats.rounding.round_magnitude` (the reference) on every fp32
+    of [0, 2**9]. When it passes on a GPU family, add the family to `targets.HW_E4M3_CAST` (then
+    test_pv8_hw_cast_same_p_decisions must pass there too)."""
+    from mxattention.formats.ladders import E4M3
+    from mxattention.formats.rounding import round_magnitude
+
+    count = torch.zeros(1, dtype=torch.int32, device="cuda")
+    first = torch.full((1,), 0x7FFFFFFF, dtype=torch.int32, device="cuda")
+    block, end = 1024, 0x74000000  # 2**105: the generic rounding's domain
+    _e4m3_mismatches[(-(-end // block),)](count, first, 0, end, BLOCK=block)
+    assert count.item() == 0, f"{count.item()} patterns differ, first {first.item():#010x}"
+    specials = torch.tensor(
+        [0x7FC00000, 0x7F800001, 0x7FFFFFFF, 0x7FA00000], dtype=torch.int32, device="cuda"
+    )
+    out = torch.empty(4, device="cuda")
+    _e4m3_hw_values[(1,)](specials.view(torch.float32), out, 4, BLOCK=4)
+    assert out.isnan().all()
+    chunk = 1 << 26
+    for start in range(0, 0x44000001, chunk):  # [0, 512] against the reference, in pieces
+        bits = torch.arange(start, min(start + chunk, 0x44000001), dtype=torch.int32, device="cuda")
+        r = bits.view(torch.float32)
+        got = torch.empty_like(r)
+        _e4m3_hw_values[(-(-r.numel() // block),)](r, got, r.numel(), BLOCK=block)
+        want = round_magnitude(r, E4M3)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), f"chunk at {start:#010x}"
+
+
+@pytest.mark.parametrize("path,layout", [("bf16", "bf16"), ("dot_scaled", "packed")])
+def test_pv8_hw_cast_same_p_decisions(path, layout, monkeypatch):
+    """mxattention-pv8 with the hardware E4M3 cast forced on (targets.HW_E4M3_CAST): O, lse and every
+    Q(P~) the same as with the generic rounding, bit for bit, and within the reference bounds."""
+    from mxattention.kernels import targets
+    from mxattention.kernels.fused import fused_attention
+
+    q, k, v = (t.cuda() for t in qkv(1, 4, 4, 1024, 1024, 128, seed=13))
+    cfg = mx.get_method("mxattention-pv8")
+    args = dict(scale=128**-0.5, matrix_path=path, kv_layout=layout, debug_p=True)
+    monkeypatch.setattr(targets, "HW_E4M3_CAST", frozenset())
+    generic = fused_attention(q, k, v, cfg, **args)
+    family = targets.current_target(q.device).family
+    monkeypatch.setattr(targets, "HW_E4M3_CAST", frozenset({family}))
+    hw = fused_attention(q, k, v, cfg, **args)
+    for a, b in zip(generic, hw, strict=True):
+        assert torch.equal(a, b)
+    c = compare(q.cpu(), k.cpu(), v.cpu(), cfg, device="cuda", matrix_path=path, kv_layout=layout)
+    assert c.rel_l2 <= 1e-3 * c.quant_rel_l2 and c.p_differ <= 1e-3 * c.p_decisions

@@ -59,7 +59,7 @@ from mxattention.kernels.cast import (
 )
 from mxattention.kernels.prepass import varlen_v_start
 from mxattention.kernels.rules import KERNEL_ELEMS
-from mxattention.kernels.targets import current_target, matrix_path_for
+from mxattention.kernels.targets import current_target, hw_e4m3_cast, matrix_path_for
 
 MATRIX_PATHS = ("bf16", "dot_scaled")
 LOG2E = 1.0 / math.log(2.0)
@@ -198,6 +198,7 @@ def _attend_tile(
     VARLEN: tl.constexpr = False,
     P_ELEM: tl.constexpr = "e2m1",
     V_ELEM: tl.constexpr = "e2m1",
+    P_CVT: tl.constexpr = False,
 ):
     """One key tile of Algorithm 1: (m, l, o_tilde) after keys [start_n, start_n + BN).
 
@@ -245,7 +246,7 @@ def _attend_tile(
     p3 = tl.math.exp2(s3 * c - m_use[:, None, None])
     p_blk = tl.math.exp2(s_blk * c - m_use[:, None])
     two_e = block_scale(p_blk, CEIL, Q_EXP, Q_MANT)
-    p_hat3 = elem_round(p3, two_e[:, :, None], P_ELEM)
+    p_hat3 = elem_round(p3, two_e[:, :, None], P_ELEM, P_CVT)
     if ABLATE & 1:
         p_hat3 = p3
     p_hat = tl.reshape(p_hat3, [BM, BN])
@@ -329,6 +330,7 @@ def _mx_attention_fwd_kernel(
     VARLEN: tl.constexpr = False,
     P_ELEM: tl.constexpr = "e2m1",
     V_ELEM: tl.constexpr = "e2m1",
+    P_CVT: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -382,7 +384,7 @@ def _mx_attention_fwd_kernel(
             m, l, o_tilde, q_hat, q_codes, q_scales, start_n, offs_m, Kc, Ks, Vc, Vs, Kx, Vx, k_base,
             v_base, v_rows, Pdbg, dbg_row, mask_base, qk_scale, lq, lk, stride_mm, stride_mn, BM, BN, DQ,
             DV, False, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, DOT_SCALED, DEBUG_P, DOT_T, KV_BF16,
-            ABLATE, VARLEN, P_ELEM, V_ELEM,
+            ABLATE, VARLEN, P_ELEM, V_ELEM, P_CVT,
         )  # fmt: skip
     # The masked tail (a tile or two, more on the causal diagonal) runs unpipelined: pipelining
     # it too puts copies of o_tilde between wgmmas and ptxas then serializes every wgmma.
@@ -391,7 +393,7 @@ def _mx_attention_fwd_kernel(
             m, l, o_tilde, q_hat, q_codes, q_scales, start_n, offs_m, Kc, Ks, Vc, Vs, Kx, Vx, k_base,
             v_base, v_rows, Pdbg, dbg_row, mask_base, qk_scale, lq, lk, stride_mm, stride_mn, BM, BN, DQ,
             DV, True, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, DOT_SCALED, DEBUG_P, DOT_T, KV_BF16,
-            ABLATE, VARLEN, P_ELEM, V_ELEM,
+            ABLATE, VARLEN, P_ELEM, V_ELEM, P_CVT,
         )  # fmt: skip
 
     empty = l == 0.0
@@ -563,6 +565,8 @@ def fwd_calls(
         VARLEN=varlen is not None,
         P_ELEM=p_elem,
         V_ELEM=v_elem,
+        # E4M3 P~ by the hardware cast only where it was checked equal (targets.HW_E4M3_CAST).
+        P_CVT=p_elem == "e4m3" and hw_e4m3_cast(current_target(qc.device)),
     )
     opts = tuple(compile_options)
     if varlen is None:

@@ -147,7 +147,7 @@ def e2m1_round(p, two_e):
 
 
 @triton.jit
-def elem_round(p, two_e, ELEM: tl.constexpr):
+def elem_round(p, two_e, ELEM: tl.constexpr, HW_CAST: tl.constexpr = False):
     """Q(p) for p >= 0 against block scale two_e = 2**e in [2**-127, 2**126] on the element ladder
     ELEM, as a value, exact; NaN stays NaN: round_magnitude(p / 2**e) * 2**e.
 
@@ -155,10 +155,16 @@ def elem_round(p, two_e, ELEM: tl.constexpr):
     at 448) rounds r = p 2**-e instead and multiplies back (two multiplies, both exact): E4M3's
     normal binades reach 2**-6 * 2**e, which for 2**e <= 2**-121 lies among fp32's subnormals,
     whose bits carry no binade (P~ blocks 112 binades below the row max; E2M1's ladder starts at
-    2**e, always normal or the one subnormal binade 2**-127).
+    2**e, always normal or the one subnormal binade 2**-127). HW_CAST: `e4m3_round_hw` instead
+    (only where `targets.HW_E4M3_CAST` lists the target).
     """
     if ELEM == "e4m3":
-        return e4m3_round(p * inv_exp2(two_e)) * two_e
+        r = p * inv_exp2(two_e)
+        if HW_CAST:
+            r = e4m3_round_hw(r)
+        else:
+            r = e4m3_round(r)
+        return r * two_e
     else:
         return e2m1_round(p, two_e)
 
@@ -169,6 +175,15 @@ def e4m3_round(r):
     448, NaN kept: `_ladder_step_round` with binades from 2**-6 and C = 2**20, for r < 2**105."""
     q = _ladder_step_round(r, 0.015625, 1048576.0)
     return tl.minimum(q, 448.0, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def e4m3_round_hw(r):
+    """`e4m3_round` by the target's float8e4nv conversion and back: on NVIDIA sm_89+ one
+    cvt.rn.satfinite.e4m3x2.f32 per pair (round to nearest even, saturating) and one
+    cvt.rn.f16x2.e4m3x2; other targets may lower it otherwise (Triton's emulation need not saturate),
+    so it is used only where tests/kernels/test_gpu.py showed it equal on every input."""
+    return r.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.float32)
 
 
 @triton.jit

@@ -145,6 +145,20 @@ FWD_TILES: dict[str, tuple[tuple[int, FwdTiles], ...]] = {
     # 16-row MFMAs (64 rows, 4 waves) do, without spills.
     "gfx950": ((128, FwdTiles(128, 4, 2)), (256, FwdTiles(64, 4, 3, (("matrix_instr_nonkdim", 16),)))),
 }
+# Families where Triton's fp32 -> float8e4nv cast (one cvt.rn.satfinite.e4m3x2.f32 per pair on
+# NVIDIA, and back) was shown equal to `cast.e4m3_round` on every fp32 of [0, 2**105), NaN and
+# saturation included, by tests/kernels/test_gpu.py::test_hw_e4m3_cast_equals_generic on that GPU.
+# There the attention kernel rounds E4M3 P~ with it (P_CVT; sm_90 build: 4184 -> 3800 SASS
+# instructions, under the E2M1 kernel's 3912). Empty until the test has passed on the GPU: every
+# target takes the generic float-adder rounding.
+HW_E4M3_CAST: frozenset[str] = frozenset()
+
+
+def hw_e4m3_cast(target: Target | None) -> bool:
+    """Whether the attention kernel rounds E4M3 P~ by the hardware cast on `target` (`HW_E4M3_CAST`)."""
+    return target is not None and target.family in HW_E4M3_CAST
+
+
 # Per-block shared memory of a launch (opt-in maximum), bytes.
 SHARED_BYTES = {"sm_90": 232448, "sm_100": 232448, "sm_120": 101376, "gfx950": 163840}
 

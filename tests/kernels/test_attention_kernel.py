@@ -52,6 +52,7 @@ def _check(c, label=""):
         ("mxfp4-ocp", 128, 70, 300),
         ("mxfp4-ocp-hadamard-pnq", 32, 33, 129),
         ("mxattention-pv8", 64, 150, 200),
+        ("mxfp8", 80, 70, 150),
     ],
 )
 def test_matches_reference(method, d, lq, lk, device):
@@ -112,7 +113,7 @@ def test_half_inputs(device):
     _check(compare(q, k, v, "mxattention", device=device), "bf16 in")
 
 
-@pytest.mark.parametrize("method", ["mxattention", "mxattention-pv8"])
+@pytest.mark.parametrize("method", ["mxattention", "mxattention-pv8", "mxfp8"])
 @pytest.mark.parametrize("layout", ["packed", "bf16"])
 def test_matrix_paths_agree(layout, method, device):
     """dot_scaled on bytes, and the bf16 path on bytes or bf16 K^, V^: the same function."""
@@ -215,6 +216,7 @@ def test_kv_heads_per_chunk():
 PV8_MIXED = [
     AttentionConfig("v8-p4", _MX4, _MX4, _MX8, _MX4, hadamard=True, pnq=True),
     AttentionConfig("v4-p8-ocp", _MX4, _MX4, QuantSpec.mx("e2m1", "ocp"), QuantSpec.mx("e4m3", "ocp")),
+    AttentionConfig("qk8-pv4", _MX8, _MX8, _MX4, _MX4, hadamard=True, pnq=True),
 ]
 
 
@@ -250,7 +252,7 @@ def test_extreme_block_scales(layout, device):
     """Blocks at the ends of the E8M0 range decode exactly: Q rows and V columns near 1e36 (scale
     2**118, above the 2**113 that one fp16-trick factor reaches), K near 1e-36 so the scores stay
     moderate, and tiny V columns (subnormal products)."""
-    for method in ("mxattention", "mxattention-pv8"):
+    for method in ("mxattention", "mxattention-pv8", "mxfp8"):
         q, k, v = qkv(1, 2, 2, 40, 96, 64, seed=15)
         q[:, :, 5:9] *= 1e36
         k *= 1e-36
@@ -275,8 +277,9 @@ NONFINITE_RUNS = [
     for case in sorted(NONFINITE)
     for path, layout in [("bf16", "packed"), ("bf16", "bf16"), ("dot_scaled", None)]
 ] + [
-    (case, "mxattention-pv8", path, layout)
-    for case in ("q_nan", "v_inf", "v_nan")
+    (case, method, path, layout)
+    for method, cases in (("mxattention-pv8", ("q_nan", "v_inf", "v_nan")), ("mxfp8", ("q_inf", "k_nan")))
+    for case in cases
     for path, layout in [("bf16", "bf16"), ("dot_scaled", None)]
 ]
 

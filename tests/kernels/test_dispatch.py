@@ -64,8 +64,8 @@ def test_nvfp4_reason(monkeypatch):
 
 @pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2"])
 def test_other_ladders_have_a_named_reason(monkeypatch, fmt):
-    """The kernels compute E2M1 Q, K and E2M1 or E4M3 V, P~: any other ladder, on any operand, goes
-    to the reference with the formats named."""
+    """The kernels compute E2M1 or E4M3 operands, Q and K on the same ladder: any other ladder, on
+    any operand, and Q or K alone in E4M3, go to the reference with the formats named."""
     if not (torch.cuda.is_available() or kernels_interpreted()):
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
     monkeypatch.setenv("MXATTENTION_CPU_KERNELS", "1")
@@ -82,14 +82,13 @@ def test_other_ladders_have_a_named_reason(monkeypatch, fmt):
 
 
 def test_pv8_presets_take_the_kernels(monkeypatch):
-    """mxattention-pv8 runs on the kernels; mxfp8 (E4M3 Q, K) and the Q-smoothed preset do not yet,
-    each with its reason."""
+    """mxattention-pv8 and mxfp8 run on the kernels; the Q-smoothed preset does not yet."""
     if not (torch.cuda.is_available() or kernels_interpreted()):
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
     monkeypatch.setenv("MXATTENTION_CPU_KERNELS", "1")
     q = qkv(1, 1, 1, 16, 32, 64)[0].to("cuda" if torch.cuda.is_available() else "cpu")
     assert unsupported_reason(mx.get_method("mxattention-pv8"), q, 64, 64) is None
-    assert "mxfp8_e4m3" in unsupported_reason(mx.get_method("mxfp8"), q, 64, 64)
+    assert unsupported_reason(mx.get_method("mxfp8"), q, 64, 64) is None
     assert "smoothing" in unsupported_reason(mx.get_method("mxattention-pv8-smooth"), q, 64, 64)
 
 

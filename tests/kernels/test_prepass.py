@@ -103,6 +103,31 @@ def test_v_bytes_equal_mx_quantize(rule, d, device):
 
 
 @pytest.mark.parametrize("rule", ("ocp", "uos", 500.0))
+@pytest.mark.parametrize("hadamard", [False, True])
+@pytest.mark.parametrize("d", [32, 80, 128, 256])
+def test_qk_e4m3_equals_mx_quantize(rule, hadamard, d, device):
+    """The MXFP8 Q^ / K^ pass (elem="e4m3"): code bytes and scales of mx_quantize(rotate(x)), padding
+    rows and columns zero, and the bf16 values of fake_quantize (blocks under 1e-30 left out)."""
+    g = torch.Generator().manual_seed(d * 3 + hadamard)
+    x = _outliers((1, 2, 37, d), g)
+    x[0, 0, :8] = hard_values(E4M3, 8 * d, seed=d).view(8, d)
+    x[0, 1, 9, 3] = float("nan")
+    codes, scales = prepass_qk(x.to(device), rule, hadamard=hadamard, elem="e4m3")
+    xr = rotate(x) if hadamard else x
+    ref = mx_quantize(xr, axis=-1, rule=rule, elem="e4m3")
+    nb = ref.scales.shape[-1]
+    assert torch.equal(codes[..., :37, : nb * 32].cpu(), ref.data)
+    assert torch.equal(scales[..., :37, :nb].cpu(), ref.scales)
+    assert (codes[..., 37:, :] == 0).all() and (scales[..., 37:, :] == 127).all()
+    assert (codes[..., nb * 32 :] == 0).all() and (scales[..., nb:] == 127).all()
+    x = torch.where(x.abs() > 1e-30, x, 0.0)
+    y = prepass_qk(x.to(device), rule, hadamard=hadamard, elem="e4m3", out_bf16=True)[..., :37, :d]
+    want = fake_quantize(rotate(x) if hadamard else x, -1, rule=rule, elem="e4m3")
+    y = y.float().cpu()
+    assert torch.equal(y.isnan(), want.isnan()) and torch.equal(y[~y.isnan()], want[~want.isnan()])
+
+
+@pytest.mark.parametrize("rule", ("ocp", "uos", 500.0))
 @pytest.mark.parametrize("d", [64, 80, 256])
 def test_v_e4m3_equals_mx_quantize(rule, d, device):
     """The MXFP8 V^ pass (elem="e4m3"): one code byte per key equal to mx_quantize's, and the bf16

@@ -87,7 +87,7 @@ def run(q, k, v, cu_q, cu_k, method, device, **kw):
     return out.cpu(), lse.cpu()
 
 
-@pytest.mark.parametrize("method", ["mxattention", "mxattention-pv8"])
+@pytest.mark.parametrize("method", ["mxattention", "mxattention-pv8", "mxfp8"])
 def test_mixed_lengths_dot_scaled(method, device):
     # Empty query and key sequences, lengths off multiples of 32 and of the tiles, GQA. A NaN in
     # sequence 1's V lies inside sequence 0's last key tile: it must reach sequence 1's rows only.

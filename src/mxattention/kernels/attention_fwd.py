@@ -21,8 +21,8 @@ decided exactly as `formats.fake_quantize` decides it. The kernel is compiled wi
 contraction, and fmas are written out: P~ must round twice (s * scale, then - m), as the
 reference's S - m does, so a row max gets exactly p_tilde = 1 and the floor rule its scale.
 
-P~ and V take their own element ladder (constexprs P_ELEM, V_ELEM: "e2m1", or "e4m3" for the
-MXFP8 presets such as mxattention-pv8); Q^ and K^ are E2M1. E4M3 P~ is rounded in the scaled
+P~, V and Q^ / K^ take their own element ladder (constexprs P_ELEM, V_ELEM, QK_ELEM: "e2m1", or
+"e4m3" for the MXFP8 presets mxattention-pv8, mxfp8). E4M3 P~ is rounded in the scaled
 domain p 2**-e (`cast.elem_round`: its normal binades reach fp32's subnormals), two multiplies per
 score more than E2M1 (docs/design.md, 'Precision ladder and smoothing').
 
@@ -50,8 +50,7 @@ import torch
 from mxattention.kernels._triton import kernels_interpreted, tl, triton
 from mxattention.kernels.cast import (
     block_scale,
-    dequant_e2m1,
-    dequant_e4m3,
+    dequant_mx,
     elem_code,
     elem_round,
     inv_exp2,
@@ -135,12 +134,17 @@ def _v_hat(
         keys_in = start + tl.arange(0, NC)[:, None] < Lk
         return _load(Vx + keys * DV + tl.arange(0, DV)[None, :], keys_in, 0.0, MASKED).to(DOT_T)
     codes, scales = _v_codes(Vc, Vs, v_rows, start, Lk, NC, MASKED, V_ELEM)
-    # (if / else: Triton also compiles the statements after a constexpr branch that returns)
-    if V_ELEM == "e4m3":
-        v = dequant_e4m3(codes, scales, DV, NC)
-    else:
-        v = dequant_e2m1(codes, scales, DV, NC)
-    return tl.trans(v.to(DOT_T))
+    return tl.trans(dequant_mx(codes, scales, DV, NC, V_ELEM).to(DOT_T))
+
+
+@triton.jit
+def _row_codes(Xc, Xs, rows, ok, DQ: tl.constexpr, ELEM: tl.constexpr, MASKED: tl.constexpr):
+    """Codes and scales of Q^ / K^ rows [R, 1] (blocks along the head dim): packed E2M1 [R, DQ / 2]
+    or E4M3 bytes [R, DQ], scales [R, DQ / 32]; MASKED: rows not `ok` read as zeros (scale 1)."""
+    W: tl.constexpr = DQ if ELEM == "e4m3" else DQ // 2
+    codes = _load(Xc + rows * W + tl.arange(0, W)[None, :], ok, 0, MASKED)
+    scales = _load(Xs + rows * (DQ // 32) + tl.arange(0, DQ // 32)[None, :], ok, 127, MASKED)
+    return codes, scales
 
 
 @triton.jit
@@ -199,6 +203,7 @@ def _attend_tile(
     P_ELEM: tl.constexpr = "e2m1",
     V_ELEM: tl.constexpr = "e2m1",
     P_CVT: tl.constexpr = False,
+    QK_ELEM: tl.constexpr = "e2m1",
 ):
     """One key tile of Algorithm 1: (m, l, o_tilde) after keys [start_n, start_n + BN).
 
@@ -211,15 +216,15 @@ def _attend_tile(
     k_rows = k_base + offs_n[:, None]
     k_in = offs_n[:, None] < Lk
     if not KV_BF16:
-        k_codes = _load(Kc + k_rows * (DQ // 2) + tl.arange(0, DQ // 2)[None, :], k_in, 0, CLIP)
-        k_scales = _load(Ks + k_rows * (DQ // 32) + tl.arange(0, DQ // 32)[None, :], k_in, 127, CLIP)
+        k_codes, k_scales = _row_codes(Kc, Ks, k_rows, k_in, DQ, QK_ELEM, CLIP)
     if DOT_SCALED:
-        s = tl.dot_scaled(q_codes, q_scales, "e2m1", tl.trans(k_codes), k_scales, "e2m1")
+        q_op, k_op = _mx_operand(q_codes, QK_ELEM), _mx_operand(tl.trans(k_codes), QK_ELEM)
+        s = tl.dot_scaled(q_op, q_scales, QK_ELEM, k_op, k_scales, QK_ELEM)
     elif KV_BF16:
         k_hat = _load(Kx + k_rows * DQ + tl.arange(0, DQ)[None, :], k_in, 0.0, CLIP).to(DOT_T)
         s = tl.dot(q_hat, tl.trans(k_hat))
     else:
-        s = tl.dot(q_hat, tl.trans(dequant_e2m1(k_codes, k_scales, BN, DQ).to(DOT_T)))
+        s = tl.dot(q_hat, tl.trans(dequant_mx(k_codes, k_scales, BN, DQ, QK_ELEM).to(DOT_T)))
     if MASKED and MASK_MODE == 2:
         # An additive mask is added in log2 units, so these scores are scaled first.
         s = _mask_scores(s * qk_scale, offs_m, offs_n, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, 2)
@@ -331,6 +336,7 @@ def _mx_attention_fwd_kernel(
     P_ELEM: tl.constexpr = "e2m1",
     V_ELEM: tl.constexpr = "e2m1",
     P_CVT: tl.constexpr = False,
+    QK_ELEM: tl.constexpr = "e2m1",
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -356,11 +362,10 @@ def _mx_attention_fwd_kernel(
 
     q_rows = bh.to(tl.int64) * LQP + q_start + offs_m[:, None]
     q_in = offs_m[:, None] < lq
-    q_codes = _load(Qc + q_rows * (DQ // 2) + tl.arange(0, DQ // 2)[None, :], q_in, 0, VARLEN)
-    q_scales = _load(Qs + q_rows * (DQ // 32) + tl.arange(0, DQ // 32)[None, :], q_in, 127, VARLEN)
+    q_codes, q_scales = _row_codes(Qc, Qs, q_rows, q_in, DQ, QK_ELEM, VARLEN)
     q_hat = q_codes  # unused by dot_scaled
     if not DOT_SCALED:
-        q_hat = dequant_e2m1(q_codes, q_scales, BM, DQ).to(DOT_T)
+        q_hat = dequant_mx(q_codes, q_scales, BM, DQ, QK_ELEM).to(DOT_T)
 
     k_base = bhk.to(tl.int64) * LKP + k_start
     v_base = bhk.to(tl.int64) * LVP + v_start
@@ -384,7 +389,7 @@ def _mx_attention_fwd_kernel(
             m, l, o_tilde, q_hat, q_codes, q_scales, start_n, offs_m, Kc, Ks, Vc, Vs, Kx, Vx, k_base,
             v_base, v_rows, Pdbg, dbg_row, mask_base, qk_scale, lq, lk, stride_mm, stride_mn, BM, BN, DQ,
             DV, False, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, DOT_SCALED, DEBUG_P, DOT_T, KV_BF16,
-            ABLATE, VARLEN, P_ELEM, V_ELEM, P_CVT,
+            ABLATE, VARLEN, P_ELEM, V_ELEM, P_CVT, QK_ELEM,
         )  # fmt: skip
     # The masked tail (a tile or two, more on the causal diagonal) runs unpipelined: pipelining
     # it too puts copies of o_tilde between wgmmas and ptxas then serializes every wgmma.
@@ -393,7 +398,7 @@ def _mx_attention_fwd_kernel(
             m, l, o_tilde, q_hat, q_codes, q_scales, start_n, offs_m, Kc, Ks, Vc, Vs, Kx, Vx, k_base,
             v_base, v_rows, Pdbg, dbg_row, mask_base, qk_scale, lq, lk, stride_mm, stride_mn, BM, BN, DQ,
             DV, True, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, DOT_SCALED, DEBUG_P, DOT_T, KV_BF16,
-            ABLATE, VARLEN, P_ELEM, V_ELEM, P_CVT,
+            ABLATE, VARLEN, P_ELEM, V_ELEM, P_CVT, QK_ELEM,
         )  # fmt: skip
 
     empty = l == 0.0
@@ -465,6 +470,7 @@ def fwd_calls(
     varlen: tuple[torch.Tensor, torch.Tensor, int] | None = None,
     p_elem: str = "e2m1",
     v_elem: str = "e2m1",
+    qk_elem: str = "e2m1",
 ) -> tuple[torch.Tensor, list[FwdCall]]:
     """(lse [B, Hq, Lq], the kernel launches) for pre-pass outputs; `mx_attention_fwd` runs them,
     which writes `out` [B, Hq, Lq, Dv] and lse.
@@ -474,7 +480,8 @@ def fwd_calls(
     `block_m`, LKP of `block_n`. `mask`: None or a [B, Hq, Lq, Lk] (broadcast) view, bool (True =
     attend) or additive float in natural-log units. `p_rule` = (CEIL, Q_EXP, Q_MANT) of P~'s rule on
     its element ladder `p_elem` ("e2m1" or "e4m3", `rules.rule_constants(rule, p_elem)`); `v_elem`
-    is V^'s ladder (E4M3 codes: one byte each, [B, Hkv, DVP, LKP]).
+    is V^'s ladder (E4M3 codes: one byte each, [B, Hkv, DVP, LKP]), `qk_elem` Q^'s and K^'s (E4M3:
+    codes [B, H, L, DQ]).
     `debug_p`: an fp32 [B, Hq, Lq, LKP] buffer that receives Q(P~) of every tile computed.
     `k_packed` / `v_packed` may instead be single bf16 tensors of the dequantized values, K^ [B, Hkv,
     LKP, DQ] and V^ [B, Hkv, LKP, DVP] (`prepass_*(..., out_bf16=True)`), for the "bf16" path only.
@@ -502,8 +509,10 @@ def fwd_calls(
         raise ValueError("bf16 K^ / V^ operands need matrix_path='bf16'")
     if path not in MATRIX_PATHS:
         raise ValueError(f"matrix_path must be one of {MATRIX_PATHS}, got {path!r}")
-    if p_elem not in KERNEL_ELEMS or v_elem not in KERNEL_ELEMS:
-        raise ValueError(f"p_elem and v_elem must be in {KERNEL_ELEMS}, got {p_elem!r}, {v_elem!r}")
+    if any(e not in KERNEL_ELEMS for e in (p_elem, v_elem, qk_elem)):
+        raise ValueError(
+            f"p_elem, v_elem, qk_elem must be in {KERNEL_ELEMS}, got {p_elem!r}, {v_elem!r}, {qk_elem!r}"
+        )
     if varlen is None and (lqp % block_m or lkp % block_n):
         raise ValueError(
             f"padded lengths ({lqp}, {lkp}) must be multiples of the tiles ({block_m}, {block_n})"
@@ -548,7 +557,7 @@ def fwd_calls(
     constants = dict(
         BM=block_m,
         BN=block_n,
-        DQ=dq2 * 2,
+        DQ=dq2 if qk_elem == "e4m3" else dq2 * 2,
         DV=dvp,
         CAUSAL=is_causal,
         MASK_MODE=mask_mode,
@@ -567,6 +576,7 @@ def fwd_calls(
         V_ELEM=v_elem,
         # E4M3 P~ by the hardware cast only where it was checked equal (targets.HW_E4M3_CAST).
         P_CVT=p_elem == "e4m3" and hw_e4m3_cast(current_target(qc.device)),
+        QK_ELEM=qk_elem,
     )
     opts = tuple(compile_options)
     if varlen is None:

@@ -363,6 +363,16 @@ def _times_scales(v, scales, BIAS_GAP: tl.constexpr, R: tl.constexpr, C: tl.cons
 
 
 @triton.jit
+def dequant_mx(codes, scales, R: tl.constexpr, C: tl.constexpr, ELEM: tl.constexpr):
+    """`dequant_e2m1` (packed codes [R, C // 2]) or `dequant_e4m3` (bytes [R, C]) as ELEM says."""
+    if ELEM == "e4m3":
+        v = dequant_e4m3(codes, scales, R, C)
+    else:
+        v = dequant_e2m1(codes, scales, R, C)
+    return v
+
+
+@triton.jit
 def dequant_e4m3(codes, scales, R: tl.constexpr, C: tl.constexpr):
     """E4M3 bytes [R, C] (sign in bit 7) with E8M0 bytes [R, C // 32] along the last axis -> fp32.
 

@@ -113,12 +113,13 @@ def build(target: Target, case: Case = Case()):
     # The pre-pass outputs' shapes, padded as fused_attention pads them (values are never read).
     lqp, lkp = padded_len(n, max(bm, 128)), padded_len(n, max(bn, 128))
     u8 = torch.uint8
-    q = (torch.empty(1, h, lqp, dp // 2, dtype=u8), torch.empty(1, h, lqp, dp // 32, dtype=u8))
+    qk_bytes = dp if cfg.q.elem == "e4m3" else dp // 2  # MXFP8 Q^ / K^: one code byte per element
+    q = (torch.empty(1, h, lqp, qk_bytes, dtype=u8), torch.empty(1, h, lqp, dp // 32, dtype=u8))
     if layout == "bf16":
         k = torch.empty(1, h, lkp, dp, dtype=torch.bfloat16)
         v = torch.empty(1, h, lkp, dp, dtype=torch.bfloat16)
     else:
-        k = (torch.empty(1, h, lkp, dp // 2, dtype=u8), torch.empty(1, h, lkp, dp // 32, dtype=u8))
+        k = (torch.empty(1, h, lkp, qk_bytes, dtype=u8), torch.empty(1, h, lkp, dp // 32, dtype=u8))
         v_bytes = lkp if cfg.v.elem == "e4m3" else lkp // 2  # MXFP8 V^: one code byte per key
         v = (torch.empty(1, h, dp, v_bytes, dtype=u8), torch.empty(1, h, dp, lkp // 32, dtype=u8))
     pr = rule_constants(cfg.p.rule, cfg.p.elem)
@@ -126,7 +127,7 @@ def build(target: Target, case: Case = Case()):
         q, k, v, lq=n, lk=n, dv=d, group=1, out=torch.empty(1, h, n, d, dtype=torch.bfloat16),
         p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=cfg.pnq, block_n=bn, scale=d**-0.5,
         is_causal=case.causal, matrix_path=path, block_m=bm, num_warps=warps, num_stages=stages,
-        compile_options=options, p_elem=cfg.p.elem, v_elem=cfg.v.elem,
+        compile_options=options, p_elem=cfg.p.elem, v_elem=cfg.v.elem, qk_elem=cfg.q.elem,
     )  # fmt: skip
     kernel = fwd._mx_attention_fwd_kernel
     backend = make_backend(target.to_triton())

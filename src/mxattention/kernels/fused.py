@@ -54,11 +54,11 @@ def unsupported_reason(cfg: AttentionConfig, query: torch.Tensor, head_dim: int,
         return f"method {cfg.name!r} leaves an operand unquantized; the kernels quantize all of Q, K, V, P~"
     if any(s.format == "nvfp4" for s in specs):
         return f"method {cfg.name!r} uses NVFP4; NVFP4 baselines run on the PyTorch reference"
-    if any(s.format != "mxfp4" for s in specs[:2]) or any(s.elem not in KERNEL_ELEMS for s in specs[2:]):
+    if any(s.elem not in KERNEL_ELEMS for s in specs) or cfg.q.elem != cfg.k.elem:
         fmts = "/".join(s.format for s in specs)
         return (
-            f"method {cfg.name!r} has Q/K/V/P~ formats {fmts}; the kernels compute MXFP4 Q, K and "
-            "MXFP4 or MXFP8 E4M3 V, P~"
+            f"method {cfg.name!r} has Q/K/V/P~ formats {fmts}; the kernels compute MXFP4 or MXFP8 "
+            "E4M3 operands, Q and K in the same one"
         )
     if cfg.smooth_k or cfg.smooth_q or cfg.p_row_scale != 1.0:
         return f"method {cfg.name!r} uses SageAttention smoothing, which the kernels do not implement"
@@ -126,9 +126,10 @@ def fused_attention(
     bstep = max(1, GRID_Y_MAX // (step * group))
     for b0, h0 in itertools.product(range(0, b, bstep), range(0, hk, step)):
         bs, kv, qh = slice(b0, b0 + bstep), slice(h0, h0 + step), slice(h0 * group, (h0 + step) * group)
-        qp = prepass_qk(query[bs, qh], cfg.q.rule, hadamard=cfg.hadamard, len_multiple=max(bm, 128))
+        qe = cfg.q.elem
+        qp = prepass_qk(query[bs, qh], cfg.q.rule, hadamard=cfg.hadamard, len_multiple=max(bm, 128), elem=qe)
         kp = prepass_qk(
-            key[bs, kv], cfg.k.rule, hadamard=cfg.hadamard, len_multiple=max(bn, 128), out_bf16=wide
+            key[bs, kv], cfg.k.rule, hadamard=cfg.hadamard, len_multiple=max(bn, 128), out_bf16=wide, elem=qe
         )
         vp = prepass_v(value[bs, kv], cfg.v.rule, len_multiple=max(bn, 128), out_bf16=wide, elem=cfg.v.elem)
         if dbg is not None:
@@ -156,6 +157,7 @@ def fused_attention(
             debug_p=None if dbg is None else dbg_chunk,
             p_elem=cfg.p.elem,
             v_elem=cfg.v.elem,
+            qk_elem=qe,
         )
         if dbg is not None:
             dbg[bs, qh] = dbg_chunk  # the kernel indexes its buffer as a contiguous [B, heads, Lq, Lk']

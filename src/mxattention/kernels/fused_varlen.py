@@ -80,8 +80,11 @@ def fused_varlen_attention(
         kv, qh = slice(h0, h0 + step), slice(h0 * group, (h0 + step) * group)
         # [1, heads, total, D] views of the packed tensors: no copy.
         qx, kx, vx = (x[:, hs].permute(1, 0, 2)[None] for x, hs in ((q, qh), (k, kv), (v, kv)))
-        qp = prepass_qk(qx, cfg.q.rule, hadamard=cfg.hadamard, len_multiple=max(bm, 128))
-        kp = prepass_qk(kx, cfg.k.rule, hadamard=cfg.hadamard, len_multiple=max(bn, 128), out_bf16=wide)
+        qe = cfg.q.elem
+        qp = prepass_qk(qx, cfg.q.rule, hadamard=cfg.hadamard, len_multiple=max(bm, 128), elem=qe)
+        kp = prepass_qk(
+            kx, cfg.k.rule, hadamard=cfg.hadamard, len_multiple=max(bn, 128), out_bf16=wide, elem=qe
+        )
         vp = prepass_v(vx, cfg.v.rule, out_bf16=wide, varlen=(cu_seqlens_k, max_seqlen_k), elem=cfg.v.elem)
         lse[qh] = mx_attention_fwd(
             qp,
@@ -105,6 +108,7 @@ def fused_varlen_attention(
             varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q),
             p_elem=cfg.p.elem,
             v_elem=cfg.v.elem,
+            qk_elem=qe,
         )[0]
         del qp, kp, vp  # freed before the next group's pre-pass allocates
     return cast_output(out, q.dtype), lse  # the kernel saturates its own stores likewise

@@ -190,6 +190,7 @@ def _qk_prepass_kernel(
     Q_MANT: tl.constexpr,
     OUT_BF16: tl.constexpr,
     BF16_PAIRS: tl.constexpr,
+    ELEM: tl.constexpr = "e2m1",
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -200,11 +201,16 @@ def _qk_prepass_kernel(
     else:
         x, rows, cols = _load_tile(X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL, DP)
     base = bh.to(tl.int64) * L_PAD + rows[:, None].to(tl.int64)
-    if OUT_BF16:
+    if OUT_BF16 or ELEM == "e4m3":
         if ROTATE:
             x = hadamard_rows(x, BL, DP, ROT_LEVELS, ROT_NORM)
-        _, _, vals = cast_blocks(tl.reshape(x, [BL, DP // 32, 32]), CEIL, Q_EXP, Q_MANT, 2, ROW_LAYOUT)
-        tl.store(Codes + base * DP + cols[None, :], tl.reshape(vals, [BL, DP]).to(tl.bfloat16))
+        x3 = tl.reshape(x, [BL, DP // 32, 32])
+        codes, scales, vals = cast_blocks(x3, CEIL, Q_EXP, Q_MANT, 2, ROW_LAYOUT, ELEM)
+        if OUT_BF16:
+            tl.store(Codes + base * DP + cols[None, :], tl.reshape(vals, [BL, DP]).to(tl.bfloat16))
+        else:  # E4M3 bytes, one per element
+            tl.store(Codes + base * DP + cols[None, :], tl.reshape(codes, [BL, DP]).to(tl.uint8))
+            tl.store(Scales + base * (DP // 32) + tl.arange(0, DP // 32)[None, :], scales.to(tl.uint8))
     else:
         # The rotation's 1/sqrt(b) is folded into the cast's block scale (cast.cast_packed).
         if ROTATE:
@@ -347,11 +353,14 @@ def prepass_qk(
     hadamard: bool,
     len_multiple: int = 128,
     out_bf16: bool = False,
+    elem: str = "e2m1",
 ):
     """Rotate (optionally) and cast x [B, H, L, D] along D: (codes [B,H,Lp,Dp/2], scales [B,H,Lp,Dp/32]).
 
     Lp = L rounded up to `len_multiple`; see the module doc for the padding. With `out_bf16`, the
     dequantized values instead, as one bf16 tensor [B, H, Lp, Dp] (exact: 2 significant bits each).
+    `elem` "e4m3" (MXFP8): one code byte per element, codes [B, H, Lp, Dp]; bf16 values exact for
+    block scales >= 2**-124 (`cast.dequant_e4m3`).
     """
     b, h, n, d = x.shape
     dp = padded_dim(d)
@@ -360,14 +369,16 @@ def prepass_qk(
         codes = torch.empty((b, h, lp, dp), dtype=torch.bfloat16, device=x.device)
         scales = codes
     else:
-        codes = torch.empty((b, h, lp, dp // 2), dtype=torch.uint8, device=x.device)
+        codes = torch.empty(
+            (b, h, lp, dp // (1 if elem == "e4m3" else 2)), dtype=torch.uint8, device=x.device
+        )
         scales = torch.empty((b, h, lp, dp // MX_BLOCK_SIZE), dtype=torch.uint8, device=x.device)
     blk = rotation_block(d) if hadamard else 1  # raises the reference's error for an unsupported d
     levels, norm = blk.bit_length() - 1, 1.0 / math.sqrt(blk)
-    if out_bf16 and prepass_hopper.usable(x, lp, hadamard):
+    if elem == "e2m1" and out_bf16 and prepass_hopper.usable(x, lp, hadamard):  # (Gluon: E2M1 only)
         if prepass_hopper.prepass_k_bf16(x, codes, lp, levels, norm, _rule_args(rule)):
             return codes
-    if not out_bf16 and prepass_hopper.usable_q(x, lp, hadamard):
+    if elem == "e2m1" and not out_bf16 and prepass_hopper.usable_q(x, lp, hadamard):
         if prepass_hopper.prepass_q_packed(x, codes, scales, lp, norm, fold_e_max(norm), _rule_args(rule)):
             return codes, scales
     row_layout = _qk_row_layout(dp, out_bf16)
@@ -390,7 +401,8 @@ def prepass_qk(
         FOLD_E_MAX=fold_e_max(norm),
         OUT_BF16=out_bf16,
         BF16_PAIRS=row_layout and _bf16_pairs(x),
-        **_rule_args(rule),
+        ELEM=elem,
+        **_rule_args(rule, elem),
         num_warps=warps,
     )
     return codes if out_bf16 else (codes, scales)

@@ -413,8 +413,8 @@ def cast_blocks(
     Q_EXP: tl.constexpr,
     Q_MANT: tl.constexpr,
     AXIS: tl.constexpr,
-    IN_THREAD: tl.constexpr = False,
-    ELEM: tl.constexpr = "e2m1",
+    IN_THREAD: tl.constexpr,
+    ELEM: tl.constexpr,
 ):
     """MX cast of fp32 x3 in blocks along AXIS onto the element ladder ELEM ("e2m1", "e4m3").
 
@@ -423,7 +423,8 @@ def cast_blocks(
     A block with a NaN or Inf gets scale byte 255, codes 0 and NaN values, as `mx_quantize` /
     `fake_quantize`. Codes and values come from one rounding (`elem_round` on the scaled
     magnitude, below 2 q), so the two outputs cannot disagree. IN_THREAD picks how the block max is
-    reduced (`_block_amax_bits`; the same result either way).
+    reduced (`_block_amax_bits`; the same result either way). No defaults: Triton 3.6 (the H200's)
+    passes a string constexpr default to an inner jit function as a raw str and fails to compile.
     """
     bits = x3.to(tl.int32, bitcast=True)
     amax_bits = _block_amax_bits(x3, AXIS, IN_THREAD)

@@ -268,7 +268,7 @@ def _v_prepass_kernel(
     else:  # 16 keys x 8 columns of 256 would be 256 values per thread: spills
         x, rows, cols = _load_tile(X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL, DP)
         x = tl.reshape(x, [BL // 32, 32, DP])
-    codes, scales, vals = cast_blocks(x, CEIL, Q_EXP, Q_MANT, 1, ELEM=ELEM)
+    codes, scales, vals = cast_blocks(x, CEIL, Q_EXP, Q_MANT, 1, False, ELEM)
     if OUT_BF16:
         vals = tl.reshape(vals, [BL, DP])
         rows64 = bh.to(tl.int64) * L_PAD + out_start + rows[:, None].to(tl.int64)

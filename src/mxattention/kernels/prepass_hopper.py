@@ -130,7 +130,7 @@ if HAS_GLUON:
             i += 1
             x = hadamard_rows(x, BL, DP, ROT_LEVELS, ROT_NORM)
             # The block max as Triton's reduction: Gluon has no layout for the in-thread tree's result.
-            _, _, vals = cast_blocks(gl.reshape(x, [BL, DP // 32, 32]), CEIL, Q_EXP, Q_MANT, 2)
+            _, _, vals = cast_blocks(gl.reshape(x, [BL, DP // 32, 32]), CEIL, Q_EXP, Q_MANT, 2, False, "e2m1")
             out = gl.convert_layout(gl.reshape(vals, [BL, DP]).to(gl.bfloat16), io)
             bh = t // tiles_per_head
             out_rows = bh.to(gl.int64) * L_PAD + ((t - bh * tiles_per_head) * BL + rows[:, None]).to(gl.int64)

@@ -125,8 +125,8 @@ def _v_hat(
     DV: tl.constexpr,
     KV_BF16: tl.constexpr,
     DOT_T: tl.constexpr,
-    MASKED: tl.constexpr = False,
-    V_ELEM: tl.constexpr = "e2m1",
+    MASKED: tl.constexpr,
+    V_ELEM: tl.constexpr,
 ):
     """V^ keys [start, start + NC) as a [NC, DV] dot operand (MASKED: zeros past Lk)."""
     if KV_BF16:
@@ -199,11 +199,11 @@ def _attend_tile(
     DOT_T: tl.constexpr,
     KV_BF16: tl.constexpr,
     ABLATE: tl.constexpr,
-    VARLEN: tl.constexpr = False,
-    P_ELEM: tl.constexpr = "e2m1",
-    V_ELEM: tl.constexpr = "e2m1",
-    P_CVT: tl.constexpr = False,
-    QK_ELEM: tl.constexpr = "e2m1",
+    VARLEN: tl.constexpr,
+    P_ELEM: tl.constexpr,
+    V_ELEM: tl.constexpr,
+    P_CVT: tl.constexpr,
+    QK_ELEM: tl.constexpr,
 ):
     """One key tile of Algorithm 1: (m, l, o_tilde) after keys [start_n, start_n + BN).
 

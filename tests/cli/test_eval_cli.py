@@ -67,6 +67,18 @@ def test_eval_writes_report(tiny_ldm, tmp_path, capsys):
     assert calls["mxattention"]["fallback"] == 0 and calls["mxattention"]["fallback_reasons"] == {}
     md = (out / "eval.md").read_text()
     assert "| mxattention |" in md and "grid_p1_s0.png" in md
+    assert "| method | cosine (1 = identical) | SSIM (1 = identical) | PSNR (dB) |" in md
+    mx = [s["metrics"]["mxattention"] for s in data["samples"]]
+    psnr, ssim = (sum(x[k] for x in mx) / len(mx) for k in ("psnr", "ssim"))
+    q = calls["mxattention"]["quantized"]
+    conclusion = md.split("## Conclusion\n\n", 1)[1].split("\n", 1)[0]
+    assert "Against fp-native (the reference), mean of 2 sample(s) (2 prompt(s) x seed(s) 0):" in conclusion
+    assert f"mxattention: PSNR {psnr:.2f} dB, per sample " in conclusion and f"SSIM {ssim:.4f};" in conclusion
+    assert f"of {q} attention calls {q} quantized, 0 kept in high precision by the policy, 0 fell back." in md
+    fp_psnr = sum(s["metrics"]["fp"]["psnr"] for s in data["samples"]) / 2
+    fp_quality = "identical to the reference" if fp_psnr == float("inf") else f"PSNR {fp_psnr:.2f} dB"
+    assert f"fp: {fp_quality}" in conclusion
+    assert f"{q} routed to the exact path" in conclusion  # fp is not called quantized
     assert "attention calls (denoiser):" in capsys.readouterr().out
     assert (out / "grid_p0_s0.png").stat().st_size > 2000
 

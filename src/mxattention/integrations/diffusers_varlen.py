@@ -167,7 +167,10 @@ def _attention(
     if reason is not None:
         reg.note_fallback(reason)
         return reg.native(q, k, v, mask4, is_causal, scale, enable_gqa).permute(0, 2, 1, 3)
-    route_decide(reg.token, query.shape[1], key.shape[1], mask4)  # counts the call ("routed")
+    # Counts the call ("routed"). No site / step (the dense backend passes `*reg.where()`): a varlen
+    # registration has no policy (Router(policy=None)), so where() would give the defaults and the
+    # decision is always QUANTIZED; a policy here would need both, and the decision honoured.
+    route_decide(reg.token, query.shape[1], key.shape[1], mask4)
     scale_ = None if scale is None else float(scale)
     out, lse = varlen_padded(query, key, value, key_mask, is_causal, scale_, reg.cfg_key)
     return (out, lse) if return_lse else out
@@ -206,7 +209,8 @@ def register_diffusers_varlen_backend(
     """Register (or re-point) the diffusers varlen backend `name` running `method`; returns the name.
 
     `name` defaults to `backend_name(method) + "_varlen"` ("mxattention_varlen", ...); `strict` and
-    `autograd` as `register_diffusers_backend`.
+    `autograd` as `register_diffusers_backend`. There is no `policy`: every call this backend serves is
+    quantized with `method` (a `PrecisionPolicy` needs the dense backend, `register_diffusers_backend`).
     """
     cfg = get_method(method)
     check_options(strict, autograd)

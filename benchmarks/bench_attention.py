@@ -102,7 +102,7 @@ def run_shape(label, shape, args, log):
     scale = d**-0.5
     full, ocp = get_method("mxattention"), get_method("mxfp4-ocp")
     ocp_h = get_method("mxfp4-ocp-hadamard")
-    pv8 = get_method("mxattention-pv8")
+    pv8, pv8_smooth = get_method("mxattention-pv8"), get_method("mxattention-pv8-smooth")
     copy_dst = torch.empty_like(q)
     rows = {}
 
@@ -121,6 +121,8 @@ def run_shape(label, shape, args, log):
         "mx_full_packed_kv": lambda: fused_attention(q, k, v, full, scale=scale, kv_layout="packed"),
         # Issue 16: MXFP8 E4M3 P~ and V (target: no slower than mx_full).
         "mx_pv8": lambda: fused_attention(q, k, v, pv8, scale=scale),
+        # + Q smoothing (target: <= 5 % over mx_pv8).
+        "mx_pv8_smooth": lambda: fused_attention(q, k, v, pv8_smooth, scale=scale),
         # The default bf16 layout without its head chunks (more memory, one launch).
         "mx_full_one_chunk": lambda: fused_attention(q, k, v, full, scale=scale, kv_chunk_bytes=None),
         # The same rotation on both sides: what UOS + PNQ alone cost over the OCP floor rule.

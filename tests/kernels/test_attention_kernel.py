@@ -247,6 +247,51 @@ def test_pv8_causal_tiles_and_tiny_p_blocks(path, device):
     assert c.p_differ == 0
 
 
+@pytest.mark.parametrize("path,layout", [("dot_scaled", None), ("bf16", "bf16")])
+def test_q_smoothing_as_reference(path, layout, device):
+    """mxattention-pv8-smooth: Q minus each 128-query block's mean in the Q^ pass, qm K^T * scale added
+    to every tile's scores. Q = N(0, 1) + 2 (issue 16's case, where smoothing must help), 300
+    queries (a ragged last block), GQA, causal with 64-row tiles (two programs per block), an
+    additive mask (scaled scores take both terms)."""
+    cfg = get_method("mxattention-pv8-smooth")
+    q, k, v = qkv(1, 4, 2, 300, 200, 64, seed=24, outliers=False)
+    q = q + 2.0
+    c = compare(q, k, v, cfg, matrix_path=path, kv_layout=layout, device=device)
+    _check(c, f"smooth {path}")
+    plain = compare(q, k, v, "mxattention-pv8", matrix_path=path, kv_layout=layout, device=device)
+    assert c.quant_rel_l2 < 0.7 * plain.quant_rel_l2  # smoothing helps here, as in the reference
+    c = compare(q, k, v, cfg, is_causal=True, block_m=64, matrix_path=path, kv_layout=layout, device=device)
+    _check(c, f"smooth causal {path}")
+    mask = torch.randn(1, 1, 300, 200, generator=torch.Generator().manual_seed(24))
+    mask[..., 150:170] = -float("inf")
+    _check(compare(q, k, v, cfg, mask=mask, matrix_path=path, kv_layout=layout, device=device), "smooth mask")
+
+
+def test_q_smoothing_head_chunks_change_nothing(device, monkeypatch):
+    """The correction buffer (4 ceil(Lq / 128) bytes per key and query head) bounds the head chunks
+    too: chunks of one KV head give the very same O, lse and Q(P~) as one launch."""
+    from mxattention.kernels import attention_fwd, fused
+
+    q, k, v = (t.to(device) for t in qkv(1, 4, 2, 200, 150, 64, seed=25))
+    cfg = get_method("mxattention-pv8-smooth")
+    args = dict(scale=0.125, matrix_path="bf16", kv_layout="bf16", debug_p=True)
+    whole = fused.fused_attention(q, k, v, cfg, **args)
+    launches = []
+    real = attention_fwd.mx_attention_fwd
+
+    def counted(*a, **kw):
+        launches.append(kw["out"].shape[1])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(attention_fwd, "mx_attention_fwd", counted)
+    # One KV head's correction: 4 bytes x 2 query heads x 2 blocks x 256 padded keys.
+    monkeypatch.setattr(fused, "KV_CHUNK_MIN_BYTES", 4096)
+    parts = fused.fused_attention(q, k, v, cfg, **args)
+    assert launches == [2, 2]  # query heads per launch
+    for a, b in zip(whole, parts, strict=True):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("layout", ["packed", "bf16"])
 def test_extreme_block_scales(layout, device):
     """Blocks at the ends of the E8M0 range decode exactly: Q rows and V columns near 1e36 (scale

@@ -1,5 +1,6 @@
 """The public function: which path runs, the one warning per reason, and torch.compile without breaks."""
 
+import dataclasses
 import warnings
 
 import pytest
@@ -82,14 +83,24 @@ def test_other_ladders_have_a_named_reason(monkeypatch, fmt):
 
 
 def test_pv8_presets_take_the_kernels(monkeypatch):
-    """mxattention-pv8 and mxfp8 run on the kernels; the Q-smoothed preset does not yet."""
+    """mxattention-pv8, mxfp8 and mxattention-pv8-smooth run on the kernels (dense calls; a varlen
+    call with Q smoothing has its reason), SageAttention's K smoothing and a smoothing block that
+    is not a multiple of the query tiles do not."""
+    from mxattention.kernels.fused_varlen import varlen_reason
+
     if not (torch.cuda.is_available() or kernels_interpreted()):
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
     monkeypatch.setenv("MXATTENTION_CPU_KERNELS", "1")
     q = qkv(1, 1, 1, 16, 32, 64)[0].to("cuda" if torch.cuda.is_available() else "cpu")
     assert unsupported_reason(mx.get_method("mxattention-pv8"), q, 64, 64) is None
     assert unsupported_reason(mx.get_method("mxfp8"), q, 64, 64) is None
-    assert "smoothing" in unsupported_reason(mx.get_method("mxattention-pv8-smooth"), q, 64, 64)
+    smooth = mx.get_method("mxattention-pv8-smooth")
+    assert unsupported_reason(smooth, q, 64, 64) is None
+    assert "smooths Q" in varlen_reason(smooth) and varlen_reason(mx.get_method("mxattention")) is None
+    odd = dataclasses.replace(smooth, smooth_q_block=100)
+    assert "smooth_q_block=100" in unsupported_reason(odd, q, 64, 64)
+    k_smoothed = dataclasses.replace(smooth, smooth_k=True)
+    assert "K smoothing" in unsupported_reason(k_smoothed, q, 64, 64)
 
 
 @cpu_kernels

@@ -27,6 +27,9 @@ pytestmark = [
         ("mxattention-pv8", "bf16", "bf16"),
         ("mxattention-pv8", "bf16", "packed"),
         ("mxattention-pv8", "dot_scaled", "packed"),
+        ("mxattention-pv8-smooth", "bf16", "bf16"),
+        ("mxattention-pv8-smooth", "dot_scaled", "packed"),
+        ("mxfp8", "bf16", "bf16"),
     ],
 )
 def test_large_matches_reference(method, path, layout):

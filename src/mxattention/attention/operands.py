@@ -44,16 +44,21 @@ class Operands:
     k_mean: torch.Tensor | None  # [B, H, 1, D] the token mean K smoothing took off, or None
 
 
-def q_block_means(q: torch.Tensor, block: int) -> torch.Tensor:
-    """Per-token copy [..., Lq, D] of the mean of each block of `block` query tokens (the last ragged)."""
+def q_block_mean_rows(q: torch.Tensor, block: int) -> torch.Tensor:
+    """The mean [..., ceil(Lq / block), D] of each block of `block` query tokens (the last ragged);
+    the fused kernels take these very values (`kernels.fused`)."""
     lq = q.shape[-2]
     nb = -(-lq // block)
     pad = nb * block - lq
     qp = torch.nn.functional.pad(q, (0, 0, 0, pad))
     counts = torch.full((nb,), float(block), device=q.device)
     counts[-1] = block - pad
-    means = qp.unflatten(-2, (nb, block)).sum(dim=-2) / counts[:, None]
-    return means.repeat_interleave(block, dim=-2)[..., :lq, :]
+    return qp.unflatten(-2, (nb, block)).sum(dim=-2) / counts[:, None]
+
+
+def q_block_means(q: torch.Tensor, block: int) -> torch.Tensor:
+    """Per-token copy [..., Lq, D] of the mean of each block of `block` query tokens (the last ragged)."""
+    return q_block_mean_rows(q, block).repeat_interleave(block, dim=-2)[..., : q.shape[-2], :]
 
 
 def prepare_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: AttentionConfig) -> Operands:

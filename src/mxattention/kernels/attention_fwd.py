@@ -204,6 +204,8 @@ def _attend_tile(
     V_ELEM: tl.constexpr,
     P_CVT: tl.constexpr,
     QK_ELEM: tl.constexpr,
+    corr_ptr,
+    SMOOTH_Q: tl.constexpr,
 ):
     """One key tile of Algorithm 1: (m, l, o_tilde) after keys [start_n, start_n + BN).
 
@@ -225,9 +227,15 @@ def _attend_tile(
         s = tl.dot(q_hat, tl.trans(k_hat))
     else:
         s = tl.dot(q_hat, tl.trans(dequant_mx(k_codes, k_scales, BN, DQ, QK_ELEM).to(DOT_T)))
-    if MASKED and MASK_MODE == 2:
-        # An additive mask is added in log2 units, so these scores are scaled first.
-        s = _mask_scores(s * qk_scale, offs_m, offs_n, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, 2)
+    if SMOOTH_Q or (MASKED and MASK_MODE == 2):
+        # The Q smoothing correction (qm K^T * scale, in log2 units: one [BN] vector per query block
+        # and key tile, `fused.fused_attention`) and an additive mask are added in log2 units, so
+        # these scores are scaled first.
+        s = s * qk_scale
+        if SMOOTH_Q:
+            s = s + tl.load(corr_ptr + offs_n)[None, :]
+        if MASKED:
+            s = _mask_scores(s, offs_m, offs_n, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, MASK_MODE)
         c = 1.0
     else:
         if MASKED:
@@ -307,6 +315,7 @@ def _mx_attention_fwd_kernel(
     LVP,
     CuQ,
     CuK,
+    Corr,
     SEQ0,
     stride_mb,
     stride_mh,
@@ -337,6 +346,7 @@ def _mx_attention_fwd_kernel(
     V_ELEM: tl.constexpr = "e2m1",
     P_CVT: tl.constexpr = False,
     QK_ELEM: tl.constexpr = "e2m1",
+    SMOOTH_Q_BLOCK: tl.constexpr = 0,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -375,6 +385,12 @@ def _mx_attention_fwd_kernel(
     l = tl.zeros([BM], tl.float32)
     o_tilde = tl.zeros([BM, DV], tl.float32)
     mask_base = Mask + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
+    # Q smoothing: this program's rows lie in one block of SMOOTH_Q_BLOCK queries (BM divides it);
+    # its correction row of Corr [B * H, ceil(Lq / SMOOTH_Q_BLOCK), LKP].
+    corr_ptr = Corr
+    if SMOOTH_Q_BLOCK > 0:
+        nbq = (Lq + SMOOTH_Q_BLOCK - 1) // SMOOTH_Q_BLOCK
+        corr_ptr = Corr + (bh.to(tl.int64) * nbq + (pid_m * BM) // SMOOTH_Q_BLOCK) * LKP
 
     # Keys [0, full) are valid for every row of this program: no select on their scores.
     hi = lk
@@ -389,7 +405,7 @@ def _mx_attention_fwd_kernel(
             m, l, o_tilde, q_hat, q_codes, q_scales, start_n, offs_m, Kc, Ks, Vc, Vs, Kx, Vx, k_base,
             v_base, v_rows, Pdbg, dbg_row, mask_base, qk_scale, lq, lk, stride_mm, stride_mn, BM, BN, DQ,
             DV, False, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, DOT_SCALED, DEBUG_P, DOT_T, KV_BF16,
-            ABLATE, VARLEN, P_ELEM, V_ELEM, P_CVT, QK_ELEM,
+            ABLATE, VARLEN, P_ELEM, V_ELEM, P_CVT, QK_ELEM, corr_ptr, SMOOTH_Q_BLOCK > 0,
         )  # fmt: skip
     # The masked tail (a tile or two, more on the causal diagonal) runs unpipelined: pipelining
     # it too puts copies of o_tilde between wgmmas and ptxas then serializes every wgmma.
@@ -398,7 +414,7 @@ def _mx_attention_fwd_kernel(
             m, l, o_tilde, q_hat, q_codes, q_scales, start_n, offs_m, Kc, Ks, Vc, Vs, Kx, Vx, k_base,
             v_base, v_rows, Pdbg, dbg_row, mask_base, qk_scale, lq, lk, stride_mm, stride_mn, BM, BN, DQ,
             DV, True, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, DOT_SCALED, DEBUG_P, DOT_T, KV_BF16,
-            ABLATE, VARLEN, P_ELEM, V_ELEM, P_CVT, QK_ELEM,
+            ABLATE, VARLEN, P_ELEM, V_ELEM, P_CVT, QK_ELEM, corr_ptr, SMOOTH_Q_BLOCK > 0,
         )  # fmt: skip
 
     empty = l == 0.0
@@ -471,6 +487,7 @@ def fwd_calls(
     p_elem: str = "e2m1",
     v_elem: str = "e2m1",
     qk_elem: str = "e2m1",
+    smooth_q: tuple[torch.Tensor, int] | None = None,
 ) -> tuple[torch.Tensor, list[FwdCall]]:
     """(lse [B, Hq, Lq], the kernel launches) for pre-pass outputs; `mx_attention_fwd` runs them,
     which writes `out` [B, Hq, Lq, Dv] and lse.
@@ -481,7 +498,9 @@ def fwd_calls(
     attend) or additive float in natural-log units. `p_rule` = (CEIL, Q_EXP, Q_MANT) of P~'s rule on
     its element ladder `p_elem` ("e2m1" or "e4m3", `rules.rule_constants(rule, p_elem)`); `v_elem`
     is V^'s ladder (E4M3 codes: one byte each, [B, Hkv, DVP, LKP]), `qk_elem` Q^'s and K^'s (E4M3:
-    codes [B, H, L, DQ]).
+    codes [B, H, L, DQ]). `smooth_q` = (corr [B, Hq, ceil(Lq / block), LKP] fp32, block): Q
+    smoothing's correction qm K^T * scale * log2(e) per query block and key, zero past Lk; block a
+    multiple of `block_m` (dense calls only).
     `debug_p`: an fp32 [B, Hq, Lq, LKP] buffer that receives Q(P~) of every tile computed.
     `k_packed` / `v_packed` may instead be single bf16 tensors of the dequantized values, K^ [B, Hkv,
     LKP, DQ] and V^ [B, Hkv, LKP, DVP] (`prepass_*(..., out_bf16=True)`), for the "bf16" path only.
@@ -517,8 +536,10 @@ def fwd_calls(
         raise ValueError(
             f"padded lengths ({lqp}, {lkp}) must be multiples of the tiles ({block_m}, {block_n})"
         )
-    if varlen is not None and (mask is not None or debug_p is not None or bsz != 1):
-        raise ValueError("varlen calls take one packed batch (B = 1) without mask or debug_p")
+    if varlen is not None and (mask is not None or debug_p is not None or bsz != 1 or smooth_q is not None):
+        raise ValueError("varlen calls take one packed batch (B = 1) without mask, debug_p or smooth_q")
+    if smooth_q is not None and smooth_q[1] % block_m:
+        raise ValueError(f"the smoothing block {smooth_q[1]} must be a multiple of block_m={block_m}")
     lse = torch.empty((bsz, hq, lq), dtype=torch.float32, device=qc.device)
     if mask is None:
         mask_mode, mask_arg, mstrides = MASK_NONE, qc, (0, 0, 0, 0)
@@ -552,6 +573,7 @@ def fwd_calls(
         lvp,
         cu_q,
         cu_k,
+        lse if smooth_q is None else smooth_q[0],
     )
     tail = (*mstrides, *out.stride())  # SEQ0, the first sequence of a launch, goes between
     constants = dict(
@@ -577,6 +599,7 @@ def fwd_calls(
         # E4M3 P~ by the hardware cast only where it was checked equal (targets.HW_E4M3_CAST).
         P_CVT=p_elem == "e4m3" and hw_e4m3_cast(current_target(qc.device)),
         QK_ELEM=qk_elem,
+        SMOOTH_Q_BLOCK=0 if smooth_q is None else smooth_q[1],
     )
     opts = tuple(compile_options)
     if varlen is None:

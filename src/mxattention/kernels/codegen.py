@@ -128,6 +128,7 @@ def build(target: Target, case: Case = Case()):
         p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=cfg.pnq, block_n=bn, scale=d**-0.5,
         is_causal=case.causal, matrix_path=path, block_m=bm, num_warps=warps, num_stages=stages,
         compile_options=options, p_elem=cfg.p.elem, v_elem=cfg.v.elem, qk_elem=cfg.q.elem,
+        smooth_q=(torch.empty(1, h, -(-n // cfg.smooth_q_block), lkp), cfg.smooth_q_block) if cfg.smooth_q else None,
     )  # fmt: skip
     kernel = fwd._mx_attention_fwd_kernel
     backend = make_backend(target.to_triton())

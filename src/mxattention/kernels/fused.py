@@ -60,8 +60,13 @@ def unsupported_reason(cfg: AttentionConfig, query: torch.Tensor, head_dim: int,
             f"method {cfg.name!r} has Q/K/V/P~ formats {fmts}; the kernels compute MXFP4 or MXFP8 "
             "E4M3 operands, Q and K in the same one"
         )
-    if cfg.smooth_k or cfg.smooth_q or cfg.p_row_scale != 1.0:
-        return f"method {cfg.name!r} uses SageAttention smoothing, which the kernels do not implement"
+    if cfg.smooth_k or cfg.p_row_scale != 1.0:
+        return (
+            f"method {cfg.name!r} uses SageAttention's K smoothing or P~ row scale, which the kernels "
+            "do not implement"
+        )
+    if cfg.smooth_q and cfg.smooth_q_block % 128:
+        return f"smooth_q_block={cfg.smooth_q_block} is not a multiple of 128 (the kernels' query tiles)"
     if cfg.block_n & (cfg.block_n - 1) or not 32 <= cfg.block_n <= 256:
         return f"block_n={cfg.block_n} is not a power of two in [32, 256] (a Triton tile)"
     if max(head_dim, v_dim) > MAX_HEAD_DIM:
@@ -99,8 +104,15 @@ def fused_attention(
     max(KV_CHUNK_MIN_BYTES, the packed K/V bytes of the call), None one group. Calls with more than
     GRID_Y_MAX batch x query heads also run in groups of batches.
     """
+    from mxattention.attention.operands import q_block_mean_rows
     from mxattention.kernels.attention_fwd import mx_attention_fwd
-    from mxattention.kernels.prepass import padded_dim, padded_len, prepass_qk, prepass_v
+    from mxattention.kernels.prepass import (
+        padded_dim,
+        padded_len,
+        prepass_qk,
+        prepass_v,
+        smoothing_correction,
+    )
     from mxattention.kernels.rules import rule_constants
 
     query, key, scale = kernel_scale(query, key, scale)
@@ -122,12 +134,28 @@ def fused_attention(
     step = hk
     if wide:
         step = kv_heads_per_chunk(b, hk, lkp, padded_dim(d), padded_dim(dv), kv_chunk_bytes)
+    blk = cfg.smooth_q_block
+    if cfg.smooth_q:  # the correction's fp32 [B, group, ceil(Lq / blk), Lk'] per KV head, bounded too
+        per_kv_head = 4 * b * group * -(-lq // blk) * lkp
+        step = min(step, max(1, KV_CHUNK_MIN_BYTES // per_kv_head))
+        # Q smoothing's block means, the reference's own values (on the whole query, as it takes them).
+        qm_all = q_block_mean_rows(query.float(), blk).contiguous()
     step = max(1, min(step, GRID_Y_MAX // group))  # query heads of one KV head and one batch fit
     bstep = max(1, GRID_Y_MAX // (step * group))
     for b0, h0 in itertools.product(range(0, b, bstep), range(0, hk, step)):
         bs, kv, qh = slice(b0, b0 + bstep), slice(h0, h0 + step), slice(h0 * group, (h0 + step) * group)
-        qe = cfg.q.elem
-        qp = prepass_qk(query[bs, qh], cfg.q.rule, hadamard=cfg.hadamard, len_multiple=max(bm, 128), elem=qe)
+        qe, smooth, q_mean = cfg.q.elem, None, None
+        if cfg.smooth_q:
+            q_mean = (qm_all[bs, qh], blk)
+            smooth = (smoothing_correction(qm_all[bs, qh], key[bs, kv], scale * LOG2E, lkp), blk)
+        qp = prepass_qk(
+            query[bs, qh],
+            cfg.q.rule,
+            hadamard=cfg.hadamard,
+            len_multiple=max(bm, 128),
+            elem=qe,
+            q_mean=q_mean,
+        )
         kp = prepass_qk(
             key[bs, kv], cfg.k.rule, hadamard=cfg.hadamard, len_multiple=max(bn, 128), out_bf16=wide, elem=qe
         )
@@ -158,12 +186,13 @@ def fused_attention(
             p_elem=cfg.p.elem,
             v_elem=cfg.v.elem,
             qk_elem=qe,
+            smooth_q=smooth,
         )
         if dbg is not None:
             dbg[bs, qh] = dbg_chunk  # the kernel indexes its buffer as a contiguous [B, heads, Lq, Lk']
         # Freed before the next chunk's pre-pass allocates (the stream orders the reuse), so the
         # peak holds one chunk's operands, not two.
-        del qp, kp, vp
+        del qp, kp, vp, smooth, q_mean
     out = cast_output(out, query.dtype)  # the kernel saturates its own stores likewise
     return (out, lse, dbg) if debug_p else (out, lse)
 

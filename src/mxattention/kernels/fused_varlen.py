@@ -27,6 +27,13 @@ from mxattention.kernels.fused import GRID_Y_MAX, kernel_scale, kv_heads_per_chu
 from mxattention.kernels.targets import current_target
 
 
+def varlen_reason(cfg: AttentionConfig) -> str | None:
+    """None if the varlen kernels serve `cfg` (beyond `fused.unsupported_reason`), else why not."""
+    if cfg.smooth_q:
+        return f"method {cfg.name!r} smooths Q, which the varlen kernels do not implement (dense calls do)"
+    return None
+
+
 def fused_varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -55,6 +62,9 @@ def fused_varlen_attention(
     from mxattention.kernels.prepass import padded_dim, prepass_qk, prepass_v, varlen_v_len
     from mxattention.kernels.rules import rule_constants
 
+    reason = varlen_reason(cfg)
+    if reason is not None:
+        raise ValueError(reason)
     q, k, scale = kernel_scale(q, k, scale)  # scale <= 0 as the dense call: exact negation / zeroing
     tq, hq, d = q.shape
     tk, hk, dv = k.shape[0], k.shape[1], v.shape[2]

@@ -191,6 +191,8 @@ def _qk_prepass_kernel(
     OUT_BF16: tl.constexpr,
     BF16_PAIRS: tl.constexpr,
     ELEM: tl.constexpr = "e2m1",
+    QM=None,
+    SMOOTH_BLOCK: tl.constexpr = 0,
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -200,6 +202,14 @@ def _qk_prepass_kernel(
         )
     else:
         x, rows, cols = _load_tile(X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL, DP)
+    if SMOOTH_BLOCK > 0:
+        # Q smoothing (docs/design.md, 'Precision ladder and smoothing'): fp32 q - qm, qm the mean of
+        # the row's block of SMOOTH_BLOCK tokens (QM [B * H, ceil(L / SMOOTH_BLOCK), D]), the
+        # reference's subtraction; padding rows stay 0.
+        nb = (L + SMOOTH_BLOCK - 1) // SMOOTH_BLOCK
+        qm_rows = bh.to(tl.int64) * nb + rows[:, None] // SMOOTH_BLOCK
+        ok = (rows[:, None] < L) & (cols[None, :] < D)
+        x = x - tl.load(QM + qm_rows * D + cols[None, :], mask=ok, other=0.0)
     base = bh.to(tl.int64) * L_PAD + rows[:, None].to(tl.int64)
     if OUT_BF16 or ELEM == "e4m3":
         if ROTATE:
@@ -354,13 +364,15 @@ def prepass_qk(
     len_multiple: int = 128,
     out_bf16: bool = False,
     elem: str = "e2m1",
+    q_mean: tuple[torch.Tensor, int] | None = None,
 ):
     """Rotate (optionally) and cast x [B, H, L, D] along D: (codes [B,H,Lp,Dp/2], scales [B,H,Lp,Dp/32]).
 
     Lp = L rounded up to `len_multiple`; see the module doc for the padding. With `out_bf16`, the
     dequantized values instead, as one bf16 tensor [B, H, Lp, Dp] (exact: 2 significant bits each).
     `elem` "e4m3" (MXFP8): one code byte per element, codes [B, H, Lp, Dp]; bf16 values exact for
-    block scales >= 2**-124 (`cast.dequant_e4m3`).
+    block scales >= 2**-124 (`cast.dequant_e4m3`). `q_mean` = (qm [B, H, ceil(L / block), D] fp32,
+    block): Q smoothing, x - qm of each row's block before the rotation.
     """
     b, h, n, d = x.shape
     dp = padded_dim(d)
@@ -375,10 +387,11 @@ def prepass_qk(
         scales = torch.empty((b, h, lp, dp // MX_BLOCK_SIZE), dtype=torch.uint8, device=x.device)
     blk = rotation_block(d) if hadamard else 1  # raises the reference's error for an unsupported d
     levels, norm = blk.bit_length() - 1, 1.0 / math.sqrt(blk)
-    if elem == "e2m1" and out_bf16 and prepass_hopper.usable(x, lp, hadamard):  # (Gluon: E2M1 only)
+    gluon = elem == "e2m1" and q_mean is None  # the Gluon passes: E2M1, no smoothing
+    if gluon and out_bf16 and prepass_hopper.usable(x, lp, hadamard):
         if prepass_hopper.prepass_k_bf16(x, codes, lp, levels, norm, _rule_args(rule)):
             return codes
-    if elem == "e2m1" and not out_bf16 and prepass_hopper.usable_q(x, lp, hadamard):
+    if gluon and not out_bf16 and prepass_hopper.usable_q(x, lp, hadamard):
         if prepass_hopper.prepass_q_packed(x, codes, scales, lp, norm, fold_e_max(norm), _rule_args(rule)):
             return codes, scales
     row_layout = _qk_row_layout(dp, out_bf16)
@@ -402,6 +415,8 @@ def prepass_qk(
         OUT_BF16=out_bf16,
         BF16_PAIRS=row_layout and _bf16_pairs(x),
         ELEM=elem,
+        QM=None if q_mean is None else q_mean[0],
+        SMOOTH_BLOCK=0 if q_mean is None else q_mean[1],
         **_rule_args(rule, elem),
         num_warps=warps,
     )
@@ -468,3 +483,59 @@ def prepass_v(
             num_warps=warps,
         )
     return codes if out_bf16 else (codes, scales)
+
+
+@triton.jit
+def _corr_kernel(
+    QM, K, Corr, NB, Lk, D, H, GROUP, LKP, c, stride_kb, stride_kh, stride_kl, stride_kd,
+    BNB: tl.constexpr, BK: tl.constexpr, DP: tl.constexpr,
+):  # fmt: skip
+    """Corr[bh, i, j] = fl(qm_i . k_j) * c for query blocks i of program_id(1)'s rows and keys j of
+    program_id(0)'s; keys in [Lk, LKP) get 0. One fp32 dot per tile (IEEE products and sums, the
+    same order whatever else the launch holds)."""
+    bh = tl.program_id(2)
+    blocks = tl.program_id(1) * BNB + tl.arange(0, BNB)
+    keys = tl.program_id(0) * BK + tl.arange(0, BK)
+    cols = tl.arange(0, DP)
+    qm = tl.load(
+        QM + (bh.to(tl.int64) * NB + blocks[:, None]) * D + cols[None, :],
+        mask=(blocks[:, None] < NB) & (cols[None, :] < D),
+        other=0.0,
+    )
+    kb = (bh // H).to(tl.int64) * stride_kb + ((bh % H) // GROUP).to(tl.int64) * stride_kh
+    k = tl.load(
+        K + kb + keys[:, None].to(tl.int64) * stride_kl + cols[None, :] * stride_kd,
+        mask=(keys[:, None] < Lk) & (cols[None, :] < D),
+        other=0.0,
+    ).to(tl.float32)
+    corr = tl.dot(qm, tl.trans(k), input_precision="ieee") * c
+    ptrs = Corr + (bh.to(tl.int64) * NB + blocks[:, None]) * LKP + keys[None, :]
+    tl.store(ptrs, corr, mask=(blocks[:, None] < NB) & (keys[None, :] < LKP))
+
+
+def smoothing_correction(qm: torch.Tensor, k: torch.Tensor, c: float, lkp: int) -> torch.Tensor:
+    """Q smoothing's per-block correction: fp32 [B, Hq, nb, lkp] = (qm [B, Hq, nb, D] . k [B, Hkv,
+    Lk, D]) * c (GQA: each query head's KV head), zero past Lk. The same bits for any batch or head
+    chunk (`fused.fused_attention` splits by memory), since each value is one fixed tile dot."""
+    b, hq, nb, d = qm.shape
+    hk, lk = k.shape[1], k.shape[2]
+    corr = torch.empty((b, hq, nb, lkp), dtype=torch.float32, device=qm.device)
+    bk, bnb = 64, 16
+    grid = (-(-lkp // bk), -(-nb // bnb), b * hq)
+    _corr_kernel[grid](
+        qm.contiguous(),
+        k,
+        corr,
+        nb,
+        lk,
+        d,
+        hq,
+        hq // hk,
+        lkp,
+        c,
+        *k.stride(),
+        BNB=bnb,
+        BK=bk,
+        DP=padded_dim(d),
+    )
+    return corr

@@ -17,9 +17,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import mxattention as mx
 from mxattention.attention.config import get_method
 from mxattention.attention.varlen import spans, varlen_reference
-from mxattention.kernels import attention_fwd, prepass
+from mxattention.kernels import attention_fwd, fused_varlen, prepass, varlen_op
 from mxattention.kernels.fused import fused_attention
-from mxattention.kernels.fused_varlen import fused_varlen_attention
+from mxattention.kernels.fused_varlen import fused_varlen_attention, per_sequence_attention
+
+# The one-launch kernel is checked on the interpreter only: on the H200 (2026-12-01) it raised an
+# illegal memory access on the dot_scaled path and gave wrong O at head dim 64 (fp32), so GPUs run
+# per_sequence_attention (fused_varlen.varlen_kernel_enabled). These tests call the kernel itself.
+UNCHECKED_ON_GPU = pytest.mark.xfail(
+    torch.cuda.is_available(),
+    reason="the one-launch varlen kernel is not yet right on the H200",
+    strict=False,
+)
 
 
 def packed(lens_q, lens_k, hq=2, hk=1, d=32, dv=None, *, seed=0, nan_seq=None):
@@ -74,7 +83,7 @@ def check_per_sequence(q, k, v, cu_q, cu_k, out, lse, method, device, **kw):
         views = (
             x[a:b].permute(1, 0, 2)[None].to(device) for x, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1))
         )
-        o, l = fused_attention(*views, cfg, scale=scale, **kw)
+        o, l = (x.cpu() for x in fused_attention(*views, cfg, scale=scale, **kw))
         assert same(out[q0:q1], o[0].permute(1, 0, 2)), f"O of rows {q0}:{q1}"
         assert same(lse[:, q0:q1], l[0]), f"lse of rows {q0}:{q1}"
 
@@ -87,6 +96,7 @@ def run(q, k, v, cu_q, cu_k, method, device, **kw):
     return out.cpu(), lse.cpu()
 
 
+@UNCHECKED_ON_GPU
 @pytest.mark.parametrize("method", ["mxattention", "mxattention-pv8", "mxfp8"])
 def test_mixed_lengths_dot_scaled(method, device):
     # Empty query and key sequences, lengths off multiples of 32 and of the tiles, GQA. A NaN in
@@ -101,6 +111,7 @@ def test_mixed_lengths_dot_scaled(method, device):
     check_per_sequence(q, k, v, cu_q, cu_k, out, lse, method, device, block_m=64)
 
 
+@UNCHECKED_ON_GPU
 @pytest.mark.parametrize("method", ["mxfp4-ocp", "mxattention-pv8"])
 def test_causal_bf16_layout(method, device):
     # Top-left causal per sequence with Lq < Lk and Lq > Lk; the Hopper path's bf16 K^ / V^ layout,
@@ -114,6 +125,7 @@ def test_causal_bf16_layout(method, device):
     check_per_sequence(q, k, v, cu_q, cu_k, out, lse, method, device, **kw)
 
 
+@UNCHECKED_ON_GPU
 def test_many_short_sequences_in_launch_pieces(device, monkeypatch):
     # 9 sequences, in launches of 2 sequences each (CUDA's grid-z limit lowered): 5 V^ launches and
     # 5 attention launches, the same bytes; no tensor of the padded [B, max_len] layout.
@@ -153,6 +165,7 @@ def test_public_entry_runs_the_kernels(device, monkeypatch):
     assert (lse - ref_l).abs().max() <= 1e-4 + 0.6
 
 
+@UNCHECKED_ON_GPU
 @pytest.mark.parametrize("scale", [-0.3, 0.0])
 def test_scale_not_positive_as_dense(device, scale):
     q, k, v, cu_q, cu_k = packed([33, 7], [40, 9], seed=4)
@@ -184,3 +197,41 @@ def test_gpu_d128_bf16_equals_dense_per_sequence(is_causal):
             )
             assert torch.equal(out[q0:q1], o[0].permute(1, 0, 2)) and torch.equal(lse[:, q0:q1], l[0])
     assert torch.isfinite(out).all()
+
+
+def test_per_sequence_path_equals_the_varlen_kernel(device):
+    # What GPUs run (dense calls per sequence on views) = the one-launch kernel, bit for bit.
+    q, k, v, cu_q, cu_k = packed([5, 0, 40], [37, 9, 70], hq=2, hk=1, seed=6)
+    cfg = get_method("mxattention")
+    dev = [x.to(device) for x in (q, k, v, cu_q, cu_k)]
+    a = per_sequence_attention(*dev[:3], cu_q.tolist(), cu_k.tolist(), cfg, scale=0.2)
+    if device == "cuda":
+        pytest.skip("the one-launch kernel is not checked on the GPU")
+    b = fused_varlen_attention(*dev, 40, 70, cfg, scale=0.2)
+    assert same(a[0], b[0]) and same(a[1], b[1])
+
+
+def test_gpus_take_the_per_sequence_path(monkeypatch):
+    # Outside the interpreter the op runs per_sequence_attention unless MXATTENTION_VARLEN_KERNEL=1.
+    calls = []
+    monkeypatch.setenv("MXATTENTION_CPU_KERNELS", "1")
+    monkeypatch.setattr(fused_varlen, "kernels_interpreted", lambda: False)
+    monkeypatch.setattr(
+        varlen_op,
+        "per_sequence_attention",
+        lambda *a, **kw: (
+            calls.append(1)
+            or (
+                torch.zeros(a[0].shape[0], a[0].shape[1], a[2].shape[2]),
+                torch.zeros(a[0].shape[1], a[0].shape[0]),
+            )
+        ),
+    )
+    monkeypatch.setattr(varlen_op, "fused_varlen_attention", lambda *a, **kw: pytest.fail("kernel ran"))
+    q, k, v, cu_q, cu_k = packed([5, 7], [9, 3], seed=7)
+    cfg_key = "mxattention"
+    varlen_op.varlen_op(q, k, v, cu_q, cu_k, -1, -1, False, 0.2, cfg_key)
+    assert calls == [1]
+    monkeypatch.setenv(fused_varlen.VARLEN_KERNEL_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="kernel ran"):
+        varlen_op.varlen_op(q, k, v, cu_q, cu_k, -1, -1, False, 0.2, cfg_key)

@@ -1,6 +1,8 @@
 """`fused_varlen_attention`: the pre-pass and the attention kernel on a packed variable-length batch.
 
-Exposes `fused_varlen_attention`. Inputs in flash-attn's varlen layout (q [total_q, H, D], k / v
+Exposes `fused_varlen_attention`, `varlen_kernel_enabled` and `per_sequence_attention` (one dense
+`fused_attention` call per sequence on views: what GPUs run until the one-launch kernel is checked
+there, see `varlen_kernel_enabled`). Inputs in flash-attn's varlen layout (q [total_q, H, D], k / v
 [total_k, Hkv, D], int32 prefix sums; the checks of `attention.varlen` are the caller's job).
 
 No padded copy of the batch is made (docs/design.md, 'Varlen'): the packed tensors enter the
@@ -18,13 +20,57 @@ needs more) and per 65535 sequences.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from mxattention.attention.config import AttentionConfig
 from mxattention.attention.reference import cast_output
+from mxattention.attention.varlen import spans
 from mxattention.kernels._triton import kernels_interpreted
 from mxattention.kernels.fused import GRID_Y_MAX, kernel_scale, kv_heads_per_chunk, launch_config
 from mxattention.kernels.targets import current_target
+
+VARLEN_KERNEL_ENV = "MXATTENTION_VARLEN_KERNEL"
+
+
+def varlen_kernel_enabled() -> bool:
+    """True where the one-launch varlen kernel runs: Triton's interpreter (the CPU tests) and, on a
+    GPU, only with MXATTENTION_VARLEN_KERNEL=1. On the H200 (2026-12-01) it raised an illegal memory
+    access on the dot_scaled path and gave O off by up to 49 on fp32 inputs at head dim 64 (the bf16,
+    head dim 128 case matched dense calls), so GPUs take `per_sequence_attention` until it is fixed
+    (docs/design.md, 'Varlen')."""
+    return kernels_interpreted() or os.environ.get(VARLEN_KERNEL_ENV, "0") not in ("", "0")
+
+
+def per_sequence_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: list[int],
+    cu_k: list[int],
+    cfg: AttentionConfig,
+    *,
+    is_causal: bool = False,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O [total_q, H, Dv] in q's dtype, lse [H, total_q] fp32): one dense `fused_attention` call per
+    sequence on views of its rows (no copies; GQA as the dense kernels), so each sequence's result is
+    its dense call's by construction. One launch set per sequence: host-bound for many short ones.
+    `cu_q` / `cu_k`: the checked prefix sums as lists (`attention.varlen.seq_bounds`)."""
+    from mxattention.kernels.fused import fused_attention
+
+    tq, hq, _ = q.shape
+    out = torch.zeros((tq, hq, v.shape[2]), dtype=q.dtype, device=q.device)
+    lse = torch.full((hq, tq), -float("inf"), dtype=torch.float32, device=q.device)
+    for q0, q1, k0, k1 in spans(cu_q, cu_k):
+        if q1 == q0 or k1 == k0:
+            continue  # no rows, or rows with no key: O = 0, lse = -inf
+        qi, ki, vi = (x[a:b].permute(1, 0, 2)[None] for x, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1)))
+        o, l = fused_attention(qi, ki, vi, cfg, is_causal=is_causal, scale=scale)
+        out[q0:q1] = o[0].permute(1, 0, 2)
+        lse[:, q0:q1] = l[0]
+    return out, lse
 
 
 def varlen_reason(cfg: AttentionConfig) -> str | None:

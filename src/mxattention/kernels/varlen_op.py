@@ -16,7 +16,12 @@ import torch
 
 from mxattention.attention.varlen import check_varlen, seq_bounds, varlen_reference
 from mxattention.kernels.fused import scale_reason
-from mxattention.kernels.fused_varlen import fused_varlen_attention, varlen_reason
+from mxattention.kernels.fused_varlen import (
+    fused_varlen_attention,
+    per_sequence_attention,
+    varlen_kernel_enabled,
+    varlen_reason,
+)
 from mxattention.kernels.op import _warn_once, config_from_key, kernel_plan, register_inference_only
 
 
@@ -42,6 +47,8 @@ def varlen_op(
     if reason is not None:
         _warn_once(reason)
         return varlen_reference(q, k, v, cu_q, cu_k, cfg, is_causal=is_causal, scale=scale)
+    if not varlen_kernel_enabled():
+        return per_sequence_attention(q, k, v, cu_q, cu_k, cfg, is_causal=is_causal, scale=scale)
     return fused_varlen_attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, cfg, is_causal=is_causal, scale=scale
     )

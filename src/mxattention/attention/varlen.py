@@ -1,6 +1,6 @@
 """Packed variable-length batches (flash-attn's varlen layout) on the PyTorch reference.
 
-Exposes `VarlenShapes`, `spans`, `check_varlen` (the checks that need no data: types, shapes, dtypes,
+Exposes `VarlenShapes`, `spans`, `per_sequence`, `check_varlen` (the checks that need no data: types, shapes, dtypes,
 devices), `seq_bounds` (the checks of the prefix sums' values, on the host) and `varlen_reference`.
 
 Layout: q [total_q, H, D], k [total_k, Hkv, D], v [total_k, Hkv, Dv]; `cu_seqlens_q` /
@@ -165,20 +165,29 @@ def varlen_reference(
     memory is that of the longest sequence's dense call; causal is top-left per sequence, as
     torch SDPA's `is_causal` (key j attends query i iff j <= i).
     """
-    tq, hq, _ = q.shape
-    hk, dv = k.shape[1], v.shape[2]
-    group = hq // hk
-    out = torch.zeros((tq, hq, dv), dtype=q.dtype, device=q.device)
-    lse = torch.full((hq, tq), -float("inf"), dtype=torch.float32, device=q.device)
-    for q0, q1, k0, k1 in spans(cu_q, cu_k):
-        if q1 == q0 or k1 == k0:
-            continue  # no rows, or rows with no key: O = 0, lse = -inf
-        qi, ki, vi = (
-            x[a:b].permute(1, 0, 2)[None].float() for x, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1))
-        )
+    group = q.shape[1] // k.shape[1]
+
+    def attend(qi, ki, vi):
+        qi, ki, vi = qi.float(), ki.float(), vi.float()
         if group > 1:
             ki, vi = ki.repeat_interleave(group, dim=1), vi.repeat_interleave(group, dim=1)
         o, l = reference_attention(qi, ki, vi, cfg, is_causal=is_causal, scale=scale)
-        out[q0:q1] = cast_output(o[0].permute(1, 0, 2), q.dtype)
+        return cast_output(o, q.dtype), l
+
+    return per_sequence(q, k, v, cu_q, cu_k, attend)
+
+
+def per_sequence(q, k, v, cu_q: list[int], cu_k: list[int], attend) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O [total_q, H, Dv] in q's dtype, lse [H, total_q] fp32) from `attend(q_i, k_i, v_i)` on each
+    sequence's rows as [1, H, L, D] views, which returns its dense (O [1, H, Lq, Dv], lse [1, H, Lq]).
+    Sequences without queries are skipped; queries without keys get O = 0, lse = -inf."""
+    tq, hq, _ = q.shape
+    out = torch.zeros((tq, hq, v.shape[2]), dtype=q.dtype, device=q.device)
+    lse = torch.full((hq, tq), -float("inf"), dtype=torch.float32, device=q.device)
+    for q0, q1, k0, k1 in spans(cu_q, cu_k):
+        if q1 == q0 or k1 == k0:
+            continue
+        o, l = attend(*(x[a:b].permute(1, 0, 2)[None] for x, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1))))
+        out[q0:q1] = o[0].permute(1, 0, 2)
         lse[:, q0:q1] = l[0]
     return out, lse

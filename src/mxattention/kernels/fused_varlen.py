@@ -26,7 +26,7 @@ import torch
 
 from mxattention.attention.config import AttentionConfig
 from mxattention.attention.reference import cast_output
-from mxattention.attention.varlen import spans
+from mxattention.attention.varlen import per_sequence
 from mxattention.kernels._triton import kernels_interpreted
 from mxattention.kernels.fused import GRID_Y_MAX, kernel_scale, kv_heads_per_chunk, launch_config
 from mxattention.kernels.targets import current_target
@@ -60,17 +60,10 @@ def per_sequence_attention(
     `cu_q` / `cu_k`: the checked prefix sums as lists (`attention.varlen.seq_bounds`)."""
     from mxattention.kernels.fused import fused_attention
 
-    tq, hq, _ = q.shape
-    out = torch.zeros((tq, hq, v.shape[2]), dtype=q.dtype, device=q.device)
-    lse = torch.full((hq, tq), -float("inf"), dtype=torch.float32, device=q.device)
-    for q0, q1, k0, k1 in spans(cu_q, cu_k):
-        if q1 == q0 or k1 == k0:
-            continue  # no rows, or rows with no key: O = 0, lse = -inf
-        qi, ki, vi = (x[a:b].permute(1, 0, 2)[None] for x, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1)))
-        o, l = fused_attention(qi, ki, vi, cfg, is_causal=is_causal, scale=scale)
-        out[q0:q1] = o[0].permute(1, 0, 2)
-        lse[:, q0:q1] = l[0]
-    return out, lse
+    def attend(qi, ki, vi):
+        return fused_attention(qi, ki, vi, cfg, is_causal=is_causal, scale=scale)
+
+    return per_sequence(q, k, v, cu_q, cu_k, attend)
 
 
 def varlen_reason(cfg: AttentionConfig) -> str | None:

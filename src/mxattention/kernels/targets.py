@@ -149,9 +149,11 @@ FWD_TILES: dict[str, tuple[tuple[int, FwdTiles], ...]] = {
 # NVIDIA, and back) was shown equal to `cast.e4m3_round` on every fp32 of [0, 2**105), NaN and
 # saturation included, by tests/kernels/test_gpu.py::test_hw_e4m3_cast_equals_generic on that GPU.
 # There the attention kernel rounds E4M3 P~ with it (P_CVT; sm_90 build: 4184 -> 3800 SASS
-# instructions, under the E2M1 kernel's 3912). Empty until the test has passed on the GPU: every
-# target takes the generic float-adder rounding.
-HW_E4M3_CAST: frozenset[str] = frozenset()
+# instructions, under the E2M1 kernel's 3912). sm_90: passed on the H200 (Triton 3.6, 2026-12-01),
+# with test_pv8_hw_cast_same_p_decisions (O, lse, Q(P~) identical with and without the cast); at
+# (40, 16384, 128) pv8 took 13.31 / 13.42 ms with the cast, 15.33 / 15.44 ms without, mxattention
+# 13.64 / 13.75 ms (two rounds, one process). Other families take the generic float-adder rounding.
+HW_E4M3_CAST: frozenset[str] = frozenset({"sm_90"})
 
 
 def hw_e4m3_cast(target: Target | None) -> bool:

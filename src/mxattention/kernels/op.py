@@ -3,7 +3,7 @@
 Exposes `sdpa_op(query, key, value, attn_mask, is_causal, scale, enable_gqa, cfg_key)` (the op),
 `config_key(cfg)` / `config_from_key(key)` (an `AttentionConfig`, or a preset's name, as the op's
 string argument) and
-`kernel_plan(cfg, query, key, value)` (None if the fused kernels run it, else the reason they do not),
+`kernel_plan(cfg, query, key, value, scale)` (None if the fused kernels run it, else the reason they do not),
 `InferenceOnlyError` and `no_backward` (the op that raises it when a backward reaches a 4-bit call).
 
 The choice between the fused kernels and the PyTorch reference happens inside the op at run time,
@@ -67,9 +67,10 @@ def config_from_key(key: str) -> AttentionConfig:
 
 
 def kernel_plan(
-    cfg: AttentionConfig, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+    cfg: AttentionConfig, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
 ) -> str | None:
-    return unsupported_reason(cfg, query, key.shape[-1], value.shape[-1])
+    """None if the fused kernels run this call, else why not (the config and inputs, then the scale)."""
+    return unsupported_reason(cfg, query, key.shape[-1], value.shape[-1]) or scale_reason(scale)
 
 
 def _warn_once(reason: str) -> None:
@@ -126,7 +127,7 @@ def sdpa_op(
         return sdpa_reference(
             query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, method=cfg, return_lse=True
         )
-    reason = kernel_plan(cfg, query, key, value) or scale_reason(scale)
+    reason = kernel_plan(cfg, query, key, value, scale)
     if reason is not None:
         _warn_once(reason)
         out, lse = sdpa_reference(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 
 from mxattention.attention.varlen import check_varlen, seq_bounds, varlen_reference
-from mxattention.kernels.fused import scale_reason
 from mxattention.kernels.fused_varlen import (
     fused_varlen_attention,
     per_sequence_attention,
@@ -43,7 +42,7 @@ def varlen_op(
     shapes = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
     given = (None if max_seqlen_q < 0 else max_seqlen_q, None if max_seqlen_k < 0 else max_seqlen_k)
     cu_q, cu_k, max_q, max_k = seq_bounds(cu_seqlens_q, cu_seqlens_k, shapes, *given)
-    reason = kernel_plan(cfg, q, k, v) or varlen_reason(cfg) or scale_reason(scale)  # as mxattention::sdpa
+    reason = kernel_plan(cfg, q, k, v, scale) or varlen_reason(cfg)  # as mxattention::sdpa
     if reason is not None:
         _warn_once(reason)
         return varlen_reference(q, k, v, cu_q, cu_k, cfg, is_causal=is_causal, scale=scale)

@@ -43,27 +43,31 @@ class Shapes:
         return 1.0 / math.sqrt(self.head_dim) if self.head_dim else 1.0
 
 
-def check_qkv(query: object, key: object, value: object, enable_gqa: bool) -> Shapes:
-    for name, t in (("query", query), ("key", key), ("value", value)):
+def check_operands(named: tuple[tuple[str, object], ...], layout: str) -> tuple[torch.Tensor, ...]:
+    """The three operands `(name, tensor)` checked alike: tensors of one float dtype on one device,
+    each of rank len(layout) (`layout` names the axes, e.g. ("batch", "heads", "seq_len", "head_dim"))."""
+    for name, t in named:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in _FLOATS:
             raise TypeError(f"{name} must be float32, float16 or bfloat16, got {t.dtype}")
-        if t.dim() != 4:
+        if t.dim() != len(layout):
             raise ValueError(
-                f"{name} must be 4-D [batch, heads, seq_len, head_dim], got shape {tuple(t.shape)}"
+                f"{name} must be {len(layout)}-D [{', '.join(layout)}], got shape {tuple(t.shape)}"
             )
-    assert (
-        isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor) and isinstance(value, torch.Tensor)
+    (a, ta), (b, tb), (c, tc) = named
+    assert isinstance(ta, torch.Tensor) and isinstance(tb, torch.Tensor) and isinstance(tc, torch.Tensor)
+    if not (ta.dtype == tb.dtype == tc.dtype):
+        raise TypeError(f"{a}, {b} and {c} must share one dtype, got {ta.dtype}, {tb.dtype}, {tc.dtype}")
+    if not (ta.device == tb.device == tc.device):
+        raise ValueError(f"{a}, {b} and {c} must be on one device, got {ta.device}, {tb.device}, {tc.device}")
+    return ta, tb, tc
+
+
+def check_qkv(query: object, key: object, value: object, enable_gqa: bool) -> Shapes:
+    query, key, value = check_operands(
+        (("query", query), ("key", key), ("value", value)), ("batch", "heads", "seq_len", "head_dim")
     )
-    if not (query.dtype == key.dtype == value.dtype):
-        raise TypeError(
-            f"query, key and value must share one dtype, got {query.dtype}, {key.dtype}, {value.dtype}"
-        )
-    if not (query.device == key.device == value.device):
-        raise ValueError(
-            f"query, key and value must be on one device, got {query.device}, {key.device}, {value.device}"
-        )
     b, hq, lq, d = query.shape
     bk, hk, lk, dk = key.shape
     bv, hv, lv, dv = value.shape

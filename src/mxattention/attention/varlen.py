@@ -19,9 +19,8 @@ from itertools import pairwise
 import torch
 
 from mxattention.attention.config import AttentionConfig
+from mxattention.attention.inputs import check_operands
 from mxattention.attention.reference import cast_output, reference_attention
-
-_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -50,20 +49,7 @@ def check_varlen(
     max_seqlen_k: object = None,
 ) -> VarlenShapes:
     """Check everything about a varlen call that does not need the prefix sums' values."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in _FLOATS:
-            raise TypeError(f"{name} must be float32, float16 or bfloat16, got {t.dtype}")
-        if t.dim() != 3:
-            raise ValueError(
-                f"{name} must be 3-D [total_tokens, heads, head_dim], got shape {tuple(t.shape)}"
-            )
-    assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+    q, k, v = check_operands((("q", q), ("k", k), ("v", v)), ("total_tokens", "heads", "head_dim"))
     tq, hq, d = q.shape
     tk, hk, dk = k.shape
     tv, hv, dv = v.shape

@@ -28,7 +28,13 @@ from mxattention.attention.config import AttentionConfig
 from mxattention.attention.reference import cast_output
 from mxattention.attention.varlen import per_sequence
 from mxattention.kernels._triton import kernels_interpreted
-from mxattention.kernels.fused import GRID_Y_MAX, kernel_scale, kv_heads_per_chunk, launch_config
+from mxattention.kernels.fused import (
+    GRID_Y_MAX,
+    fused_attention,
+    kernel_scale,
+    kv_heads_per_chunk,
+    launch_config,
+)
 from mxattention.kernels.targets import current_target
 
 VARLEN_KERNEL_ENV = "MXATTENTION_VARLEN_KERNEL"
@@ -58,7 +64,6 @@ def per_sequence_attention(
     sequence on views of its rows (no copies; GQA as the dense kernels), so each sequence's result is
     its dense call's by construction. One launch set per sequence: host-bound for many short ones.
     `cu_q` / `cu_k`: the checked prefix sums as lists (`attention.varlen.seq_bounds`)."""
-    from mxattention.kernels.fused import fused_attention
 
     def attend(qi, ki, vi):
         return fused_attention(qi, ki, vi, cfg, is_causal=is_causal, scale=scale)

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-original_sdpa = F.scaled_dot_product_attention
+from mxattention.attention.inputs import _FLOATS
 
-_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+original_sdpa = F.scaled_dot_product_attention
 
 
 def unsupported_reason(

@@ -93,11 +93,6 @@ def build(target: Target, case: Case = Case()):
     """(compiled kernel, `FwdCall`, ptxas log) of the attention kernel for `case` on `target`:
     the arguments, constexprs and tiles `fused_attention` would launch with there, num_stages
     lowered while shared memory overflows `SHARED_BYTES` (as the launcher does on OutOfResources)."""
-    import triton
-    from triton import knobs
-    from triton.compiler import ASTSource, make_backend
-    from triton.runtime.jit import create_function_from_signature
-
     from mxattention.kernels import attention_fwd as fwd
     from mxattention.kernels._triton import kernels_interpreted
     from mxattention.kernels.fused import launch_config
@@ -130,29 +125,44 @@ def build(target: Target, case: Case = Case()):
         compile_options=options, p_elem=cfg.p.elem, v_elem=cfg.v.elem, qk_elem=cfg.q.elem,
         smooth_q=(torch.empty(1, h, -(-n // cfg.smooth_q_block), lkp), cfg.smooth_q_block) if cfg.smooth_q else None,
     )  # fmt: skip
-    kernel = fwd._mx_attention_fwd_kernel
-    backend = make_backend(target.to_triton())
-    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     limit = SHARED_BYTES.get(target.family, 1 << 62)
     stages = call.num_stages
     while True:
         kw = dict(call.constants, **dict(call.options), num_warps=call.num_warps, num_stages=stages)
-        kw.update(enable_fp_fusion=False, debug=kernel.debug or knobs.runtime.debug)
-        bound, spec, opts = binder(*call.args, **kw)
-        options, signature, constexprs, attrs = kernel._pack_args(backend, kw, bound, spec, opts)
-        log = io.StringIO()
-        with knobs.compilation.scope(), knobs.nvidia.scope(), contextlib.redirect_stdout(log):
-            knobs.compilation.always_compile = True  # a cached build would hide the ptxas log
-            knobs.nvidia.dump_ptxas_log = True
-            compiled = triton.compile(
-                ASTSource(kernel, signature, constexprs, attrs),
-                target=target.to_triton(),
-                options=options.__dict__,
-            )
+        compiled, log = compile_offline(fwd._mx_attention_fwd_kernel, call.args, kw, target)
         if compiled.metadata.shared <= limit or stages == 1:
             break
         stages -= 1
-    return compiled, replace(call, num_stages=stages), log.getvalue()
+    return compiled, replace(call, num_stages=stages), log
+
+
+def compile_offline(kernel, args: tuple, kwargs: dict, target: Target):
+    """(compiled kernel, ptxas log) of a `triton.jit` or `gluon.jit` kernel for `target`, built as a
+    launch with these arguments would build it (no GPU: the argument specialization of the
+    launcher, Triton's bundled toolchain), without fp contraction as every kernel here is launched."""
+    import triton
+    from triton import knobs
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    backend = make_backend(target.to_triton())
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    kw = dict(kwargs)
+    kw.setdefault("enable_fp_fusion", False)
+    kw.update(debug=kernel.debug or knobs.runtime.debug)
+    bound, spec, opts = binder(*args, **kw)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kw, bound, spec, opts)
+    source = ASTSource
+    if getattr(kernel, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    log = io.StringIO()
+    with knobs.compilation.scope(), knobs.nvidia.scope(), contextlib.redirect_stdout(log):
+        knobs.compilation.always_compile = True  # a cached build would hide the ptxas log
+        knobs.nvidia.dump_ptxas_log = True
+        compiled = triton.compile(
+            source(kernel, signature, constexprs, attrs), target=target.to_triton(), options=options.__dict__
+        )
+    return compiled, log.getvalue()
 
 
 def summarize(target: Target, case: Case = Case()) -> Summary:

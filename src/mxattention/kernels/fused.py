@@ -90,6 +90,7 @@ def fused_attention(
     kv_layout: str | None = None,
     kv_chunk_bytes: int | str | None = "auto",
     debug_p: bool = False,
+    fwd_kernel: str | None = None,
 ):
     """(O [B, Hq, Lq, Dv] in query's dtype, lse [B, Hq, Lq] fp32) by the fused kernels.
 
@@ -103,9 +104,16 @@ def fused_attention(
     K^ + V^ take at most this many bytes (at least one head per group); "auto" (default) means
     max(KV_CHUNK_MIN_BYTES, the packed K/V bytes of the call), None one group. Calls with more than
     GRID_Y_MAX batch x query heads also run in groups of batches.
+    `fwd_kernel`: "tl" (`attention_fwd`), "gluon" (`attention_fwd_hopper`, sm_90: dense unmasked
+    bf16-layout calls at head dim 128; the same bits) or None (`attention_fwd_hopper.fwd_kernel_for`).
     """
     from mxattention.attention.operands import q_block_mean_rows
     from mxattention.kernels.attention_fwd import mx_attention_fwd
+    from mxattention.kernels.attention_fwd_hopper import (
+        fwd_kernel_for,
+        gluon_fwd_reason,
+        mx_attention_fwd_hopper,
+    )
     from mxattention.kernels.prepass import (
         padded_dim,
         padded_len,
@@ -123,6 +131,11 @@ def fused_attention(
     )
     bn = cfg.block_n
     wide = layout == "bf16"
+    gluon_reason = gluon_fwd_reason(
+        kv_bf16=wide, dq=d, dv=dv, block_n=bn, is_causal=is_causal, masked=mask is not None,
+        debug_p=debug_p, smooth_q=cfg.smooth_q, p_elem=cfg.p.elem, qk_elem=cfg.q.elem, scale=scale,
+    )  # fmt: skip
+    gluon = fwd_kernel_for(current_target(query.device), gluon_reason, fwd_kernel) == "gluon"
     lkp = padded_len(lk, max(bn, 128))
     # The interpreter's fp32 -> bf16 cast truncates (Triton 3.9); there torch does the final cast.
     out_dtype = torch.float32 if kernels_interpreted() else query.dtype
@@ -162,6 +175,13 @@ def fused_attention(
         vp = prepass_v(value[bs, kv], cfg.v.rule, len_multiple=max(bn, 128), out_bf16=wide, elem=cfg.v.elem)
         if dbg is not None:
             dbg_chunk = torch.zeros_like(dbg[bs, qh])
+        if gluon:
+            lse[bs, qh] = mx_attention_fwd_hopper(
+                qp, kp, vp, lq=lq, lk=lk, group=group, out=out[bs, qh], p_rule=(pr.ceil, pr.q_exp, pr.q_mant),
+                pnq=cfg.pnq, scale=scale, p_elem=cfg.p.elem, qk_elem=qe,
+            )  # fmt: skip
+            del qp, kp, vp, smooth, q_mean
+            continue
         lse[bs, qh] = mx_attention_fwd(
             qp,
             kp,

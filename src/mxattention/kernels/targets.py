@@ -156,6 +156,13 @@ FWD_TILES: dict[str, tuple[tuple[int, FwdTiles], ...]] = {
 HW_E4M3_CAST: frozenset[str] = frozenset({"sm_90"})
 
 
+# Families whose dense unmasked bf16-layout calls at head dim 128 take the warp-specialized Gluon
+# forward (`attention_fwd_hopper`) instead of the `tl` kernel by default. Empty until the H200 run
+# of tests/kernels/test_attention_fwd_hopper.py (bit-identical O and lse) and the benchmark are
+# checked; `fused_attention(..., fwd_kernel="gluon")` takes it explicitly meanwhile.
+GLUON_FWD: frozenset[str] = frozenset()
+
+
 def hw_e4m3_cast(target: Target | None) -> bool:
     """Whether the attention kernel rounds E4M3 P~ by the hardware cast on `target` (`HW_E4M3_CAST`)."""
     return target is not None and target.family in HW_E4M3_CAST

@@ -1,0 +1,480 @@
+"""The attention forward on Hopper (sm_90a) as a warp-specialized Gluon kernel, FlashAttention-3's scheme.
+
+Exposes `HAS_GLUON`, `gluon_fwd_reason` (why a call cannot take this kernel, None if it can),
+`gluon_fwd_call` (the launch, as data: `codegen` builds it offline) and `mx_attention_fwd_hopper`
+(run it: writes O, returns lse).
+
+It computes exactly what `attention_fwd._mx_attention_fwd_kernel` computes for the case that
+matters for speed (docs/design.md, 'Kernel plan'): bf16 K^ / V^ (the "bf16" matrix path), head dims
+DQ = DV = 128, BN = 128 keys per tile, no causal mask, no user mask, not varlen, no debug_p, no Q
+smoothing; any P~ ladder and rule, PNQ on or off, any lengths, GQA. Same operations in the same
+order, so the results are the `tl` kernel's bit for bit (tests/kernels/test_attention_fwd_hopper.py
+on the H200): S = Q^ K^_j^T by bf16 wgmma m64n128k16 over the same head-dim order (fp32
+accumulation), the block maxima, row max, alpha, P~ roundings (`cast.block_scale`,
+`cast.elem_round`), the row sum in the `tl` kernel's layouts (the same in-thread order and lane
+shuffles), O~ = alpha O~ + P^ V^_j, then O = O~ / l, lse.
+
+Structure (one CTA per 128 query rows of one (batch, head)):
+
+- a producer partition (1 warp, few registers) brings K^_j and V^_j by TMA into a ring of STAGES
+  shared-memory buffers, each guarded by a `ready` (TMA bytes landed) and an `empty` (both
+  consumers done) mbarrier;
+- two consumer partitions (4 warps = one warpgroup each) own 64 query rows each, with their own
+  Q^ (decoded once into shared memory) and (m, l, O~) in registers. They share the K^ / V^ tiles
+  but not the time: each runs its own softmax while the other's wgmmas use the tensor cores.
+- OVERLAP (intra-warpgroup pipelining): S_{j+1} = Q^ K^_{j+1}^T and P^_j V^_j are both in flight
+  while the softmax of tile j + 1 runs; the rescale of O~ by alpha waits for P^_j V^_j, so O~ sees
+  the same sequence of operations as in the `tl` kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from mxattention.kernels import targets
+from mxattention.kernels._triton import tl, triton
+from mxattention.kernels.cast import block_scale, elem_round
+from mxattention.kernels.rules import KERNEL_ELEMS
+from mxattention.kernels.targets import Target, current_target, hw_e4m3_cast
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    HAS_GLUON = True
+except (ImportError, AttributeError):  # no Triton, or one without Gluon's Hopper layer
+    HAS_GLUON = False
+
+FWD_KERNELS = ("gluon", "tl")
+LOG2E = 1.0 / math.log(2.0)
+HEAD_DIM = 128  # DQ = DV
+BLOCK_M = 128  # query rows per CTA: two consumers of 64
+BLOCK_N = 128  # keys per tile (cfg.block_n must be this)
+# K^ / V^ ring stages, registers per consumer / producer thread (setmaxnreg), consumer pipelining.
+STAGES, CONSUMER_REGS, PRODUCER_REGS, OVERLAP = 2, 240, 24, True
+
+
+if triton is not None:
+
+    @triton.jit
+    def _p_tile(s, m, qk_scale, P_ELEM: tl.constexpr, P_CVT: tl.constexpr, CEIL: tl.constexpr,
+                Q_EXP: tl.constexpr, Q_MANT: tl.constexpr):  # fmt: skip
+        """(m_new, alpha, p3 = P~, p_hat3 = Q(P~)) of scores s [R, BN] (log2 units before the
+        factor qk_scale; masked keys -inf), as `attention_fwd._attend_tile` computes them."""
+        R: tl.constexpr = s.shape[0]
+        BN: tl.constexpr = s.shape[1]
+        s3 = tl.reshape(s, [R, BN // 32, 32])
+        s_blk = tl.max(s3, 2)
+        m_new = tl.maximum(m, tl.max(s_blk, 1) * qk_scale)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m - m_use)
+        p3 = tl.math.exp2(s3 * qk_scale - m_use[:, None, None])
+        p_blk = tl.math.exp2(s_blk * qk_scale - m_use[:, None])
+        two_e = block_scale(p_blk, CEIL, Q_EXP, Q_MANT)
+        p_hat3 = elem_round(p3, two_e[:, :, None], P_ELEM, P_CVT)
+        return m_new, alpha, p3, p_hat3
+
+    @triton.jit
+    def _finish(o_tilde, l, m, OUT_MAX: tl.constexpr):
+        """(O = O~ / l saturated at OUT_MAX, lse in natural log) as the `tl` kernel's epilogue."""
+        empty = l == 0.0
+        out = o_tilde / tl.where(empty, 1.0, l)[:, None]
+        out = tl.where(empty[:, None], 0.0, out)
+        if OUT_MAX > 0:
+            out = tl.minimum(
+                tl.maximum(out, -OUT_MAX, propagate_nan=tl.PropagateNan.ALL),
+                OUT_MAX,
+                propagate_nan=tl.PropagateNan.ALL,
+            )
+        lse = tl.where(empty, float("-inf"), (m + tl.math.log2(tl.where(empty, 1.0, l))) * 0.6931471805599453)
+        return out, lse
+
+
+if HAS_GLUON:
+
+    @gluon.jit
+    def _q_hat_to_smem(Qc, Qs, q_row0, q_smem, DQ: gl.constexpr, QK_ELEM: gl.constexpr):
+        """Decode this consumer's Q^ rows (codes and E8M0 bytes of the pre-pass) to bf16 into q_smem,
+        value for value `cast.dequant_mx` (exact: codes x 2**e fit bf16; E4M3 below 2**-124 rounds
+        as there)."""
+        R: gl.constexpr = q_smem.type.shape[0]
+        io: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+        rows = (q_row0 + gl.arange(0, R, layout=gl.SliceLayout(1, io))).to(gl.int64)[:, None]
+        cols = gl.arange(0, DQ, layout=gl.SliceLayout(0, io))[None, :]
+        scale = gl.load(Qs + rows * (DQ // 32) + cols // 32).to(gl.int32)
+        if QK_ELEM == "e4m3":
+            c = gl.load(Qc + rows * DQ + cols).to(gl.int32)
+            v = (((c & 127) << 20) | ((c & 128) << 24)).to(gl.float32, bitcast=True)
+            GAP: gl.constexpr = 120
+        else:
+            c = (gl.load(Qc + rows * (DQ // 2) + cols // 2).to(gl.int32) >> ((cols & 1) * 4)) & 15
+            h = ((c & 7) << 9) | ((c & 8) << 12)
+            v = h.to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+            GAP: gl.constexpr = 14
+        # cast._times_scales: the factor 2**(e + GAP) in two powers of two, byte 255 -> NaN.
+        e = scale - 127
+        f = _exp2_int(gl.minimum(e + GAP, 127))
+        g = gl.where(scale == 255, float("nan"), _exp2_int(gl.maximum(e + GAP - 127, 0)))
+        q_smem.store((v * f * g).to(gl.bfloat16))
+        fence_async_shared()
+        gl.thread_barrier()
+
+    @gluon.jit
+    def _exp2_int(e):
+        """`cast.exp2_int`: 2**e in fp32 for int32 e in [-127, 127]."""
+        return gl.where(e >= -126, (e + 127) << 23, 0x400000).to(gl.float32, bitcast=True)
+
+    @gluon.jit
+    def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row0, n_tiles,
+                  STAGES: gl.constexpr):  # fmt: skip
+        """TMA K^_j, V^_j (rows kv_row0 + j BN of the [B Hkv LKP, D] views) into ring slot j % STAGES
+        once both consumers released it (a fresh barrier passes the parity-1 wait)."""
+        BN: gl.constexpr = k_desc.block_type.shape[0]
+        for j in range(n_tiles):
+            slot = j % STAGES
+            phase = ((j // STAGES) & 1) ^ 1
+            mbarrier.wait(k_empty.index(slot), phase)
+            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+            _tma_load(k_desc, [kv_row0 + j * BN, 0], k_ready.index(slot), k_smem.index(slot))
+            mbarrier.wait(v_empty.index(slot), phase)
+            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [kv_row0 + j * BN, 0], v_ready.index(slot), v_smem.index(slot))
+
+    @gluon.jit
+    def _scores(q_smem, k_smem, k_ready, j, zero, STAGES: gl.constexpr):
+        """Issue S = Q^ K^_j^T (async) once K^_j has landed."""
+        mbarrier.wait(k_ready.index(j % STAGES), (j // STAGES) & 1)
+        return warpgroup_mma(
+            q_smem, k_smem.index(j % STAGES).permute((1, 0)), zero, use_acc=False, is_async=True
+        )
+
+    @gluon.jit
+    def _softmax(s, m, l, start_n, Lk, qk_scale, dot_a: gl.constexpr, PNQ: gl.constexpr, CEIL: gl.constexpr,
+                 Q_EXP: gl.constexpr, Q_MANT: gl.constexpr, P_ELEM: gl.constexpr, P_CVT: gl.constexpr):  # fmt: skip
+        """(m_new, alpha, l after tile j, P^ as the bf16 A operand) of scores s, with the `tl`
+        kernel's operations and reduction layouts; keys past Lk masked only in a tile that has them
+        (where(valid, s, -inf) is s itself elsewhere)."""
+        R: gl.constexpr = s.shape[0]
+        BN: gl.constexpr = s.shape[1]
+        if start_n + BN > Lk:
+            offs_n = start_n + gl.arange(0, BN, layout=gl.SliceLayout(0, s.type.layout))
+            s = gl.where(offs_n[None, :] < Lk, s, float("-inf"))
+        m_new, alpha, p3, p_hat3 = _p_tile(s, m, qk_scale, P_ELEM, P_CVT, CEIL, Q_EXP, Q_MANT)
+        if not PNQ:
+            l = alpha * l + gl.convert_layout(gl.sum(gl.reshape(p3, [R, BN]), 1), alpha.type.layout)
+        p = gl.convert_layout(gl.reshape(p_hat3, [R, BN]).to(gl.bfloat16), dot_a)
+        if PNQ:
+            l = alpha * l + gl.convert_layout(gl.sum(gl.sum(p_hat3, 1), 1), alpha.type.layout)
+        return m_new, alpha, l, p
+
+    @gluon.jit
+    def _consumer(Qc, Qs, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                  q_row0, row0, lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od,
+                  DQ: gl.constexpr, PNQ: gl.constexpr, CEIL: gl.constexpr, Q_EXP: gl.constexpr,
+                  Q_MANT: gl.constexpr, P_ELEM: gl.constexpr, P_CVT: gl.constexpr, QK_ELEM: gl.constexpr,
+                  OUT_MAX: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr):  # fmt: skip
+        """Rows [row0, row0 + 64) of this CTA's query tile: the key loop and the epilogue."""
+        R: gl.constexpr = q_smem.type.shape[0]
+        BN: gl.constexpr = k_smem.type.shape[1]
+        DV: gl.constexpr = v_smem.type.shape[2]
+        mma: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16]
+        )
+        dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        _q_hat_to_smem(Qc, Qs, q_row0, q_smem, DQ, QK_ELEM)
+        zero = gl.zeros([R, BN], gl.float32, mma)
+        o_tilde = gl.zeros([R, DV], gl.float32, mma)
+        # m and l in the layout the block-max reduction gives (that of the `tl` kernel's m and l).
+        m = gl.max(
+            gl.max(gl.reshape(gl.full([R, BN], float("-inf"), gl.float32, mma), [R, BN // 32, 32]), 2), 1
+        )
+        l = gl.zeros_like(m)
+        if OVERLAP:
+            s = _scores(q_smem, k_smem, k_ready, 0, zero, STAGES)
+            s, _k_done = warpgroup_mma_wait(0, deps=[s, k_smem.index(0)])
+            mbarrier.arrive(k_empty.index(0))
+            m, alpha, l, p = _softmax(
+                s, m, l, 0, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT
+            )
+            o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
+            for j in range(1, n_tiles):
+                # S_j and P^_{j-1} V^_{j-1} in flight together; the softmax of S_j runs under the latter.
+                s = _scores(q_smem, k_smem, k_ready, j, zero, STAGES)
+                prev = (j - 1) % STAGES
+                mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+                o_tilde = warpgroup_mma(p, v_smem.index(prev), o_tilde, is_async=True)
+                s, _k_done = warpgroup_mma_wait(1, deps=[s, k_smem.index(j % STAGES)])
+                mbarrier.arrive(k_empty.index(j % STAGES))
+                m, alpha, l, p_next = _softmax(
+                    s, m, l, j * BN, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT
+                )
+                o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(prev), p])
+                mbarrier.arrive(v_empty.index(prev))
+                o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
+                p = p_next
+            last = (n_tiles - 1) % STAGES
+            mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+            o_tilde = warpgroup_mma(p, v_smem.index(last), o_tilde, is_async=True)
+            o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(last), p])
+            mbarrier.arrive(v_empty.index(last))
+        else:
+            for j in range(n_tiles):
+                slot = j % STAGES
+                s = _scores(q_smem, k_smem, k_ready, j, zero, STAGES)
+                s, _k_done = warpgroup_mma_wait(0, deps=[s, k_smem.index(slot)])
+                mbarrier.arrive(k_empty.index(slot))
+                m, alpha, l, p = _softmax(
+                    s, m, l, j * BN, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT
+                )
+                o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
+                mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
+                o_tilde = warpgroup_mma(p, v_smem.index(slot), o_tilde, is_async=True)
+                o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(slot), p])
+                mbarrier.arrive(v_empty.index(slot))
+
+        out, lse = _finish(o_tilde, gl.convert_layout(l, gl.SliceLayout(1, mma)),
+                           gl.convert_layout(m, gl.SliceLayout(1, mma)), OUT_MAX)  # fmt: skip
+        rows = row0 + gl.arange(0, R, layout=gl.SliceLayout(1, mma))
+        cols = gl.arange(0, DV, layout=gl.SliceLayout(0, mma))
+        optr = Out + out_base + rows[:, None].to(gl.int64) * stride_om + cols[None, :] * stride_od
+        gl.store(optr, out.to(Out.dtype.element_ty), mask=(rows[:, None] < lq) & (cols[None, :] < DV))
+        gl.store(Lse + lse_base + rows, lse, mask=rows < lq)
+
+    @gluon.jit
+    def _mx_attention_fwd_hopper_kernel(
+        Qc,
+        Qs,
+        k_desc,
+        v_desc,
+        Out,
+        Lse,
+        qk_scale,
+        Lq,
+        Lk,
+        H,
+        GROUP,
+        LQP,
+        LKP,
+        stride_ob,
+        stride_oh,
+        stride_om,
+        stride_od,
+        DQ: gl.constexpr,
+        PNQ: gl.constexpr,
+        CEIL: gl.constexpr,
+        Q_EXP: gl.constexpr,
+        Q_MANT: gl.constexpr,
+        P_ELEM: gl.constexpr,
+        P_CVT: gl.constexpr,
+        QK_ELEM: gl.constexpr,
+        OUT_MAX: gl.constexpr,
+        STAGES: gl.constexpr,
+        OVERLAP: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr,
+    ):
+        BN: gl.constexpr = k_desc.block_type.shape[0]
+        DV: gl.constexpr = v_desc.block_type.shape[1]
+        R: gl.constexpr = 64
+        pid_m = gl.program_id(0)
+        bh = gl.program_id(1)
+        b = bh // H
+        h = bh % H
+        bhk = b * (H // GROUP) + h // GROUP  # GQA: the kv head, no copy
+        q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([R, DQ], gl.bfloat16)
+        q0 = gl.allocate_shared_memory(gl.bfloat16, [R, DQ], q_layout)
+        q1 = gl.allocate_shared_memory(gl.bfloat16, [R, DQ], q_layout)
+        k_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, DQ], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, DV], v_desc.layout)
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)  # one arrive per consumer partition
+            mbarrier.init(v_empty.index(i), count=2)
+        n_tiles = (Lk + BN - 1) // BN
+        row0 = pid_m * (2 * R)
+        q_row0 = bh.to(gl.int64) * LQP + row0
+        out_base = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+        lse_base = bh.to(gl.int64) * Lq
+        gl.warp_specialize(
+            [
+                (
+                    _consumer,
+                    (Qc, Qs, Out, Lse, q0, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_row0, row0, Lq, Lk, n_tiles, qk_scale, out_base,
+                     lse_base, stride_om, stride_od, DQ, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES,
+                     OVERLAP),
+                ),
+                (
+                    _consumer,
+                    (Qc, Qs, Out, Lse, q1, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_row0 + R, row0 + R, Lq, Lk, n_tiles, qk_scale,
+                     out_base, lse_base, stride_om, stride_od, DQ, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES,
+                     OVERLAP),
+                ),
+                (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bhk * LKP, n_tiles, STAGES)),
+            ],
+            [4, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+
+
+def gluon_fwd_reason(
+    *,
+    kv_bf16: bool,
+    dq: int,
+    dv: int,
+    block_n: int,
+    is_causal: bool = False,
+    masked: bool = False,
+    varlen: bool = False,
+    debug_p: bool = False,
+    smooth_q: bool = False,
+    p_elem: str = "e2m1",
+    qk_elem: str = "e2m1",
+    scale: float = 1.0,
+) -> str | None:
+    """None if `mx_attention_fwd_hopper` computes this call, else why not (the `tl` kernel serves it)."""
+    if not HAS_GLUON:
+        return "this Triton has no Gluon Hopper layer (triton.experimental.gluon)"
+    if not kv_bf16:
+        return "the Gluon kernel reads bf16 K^ / V^ (kv_layout='bf16'), not packed codes"
+    if (dq, dv) != (HEAD_DIM, HEAD_DIM):
+        return f"head dims ({dq}, {dv}): the Gluon kernel is built for {HEAD_DIM}"
+    if block_n != BLOCK_N:
+        return f"block_n={block_n}: the Gluon kernel takes {BLOCK_N} keys per tile"
+    extras = dict(is_causal=is_causal, mask=masked, varlen=varlen, debug_p=debug_p, smooth_q=smooth_q)
+    named = [k for k, v in extras.items() if v]
+    if named:
+        return f"{', '.join(named)}: the Gluon kernel serves dense unmasked calls only"
+    if p_elem not in KERNEL_ELEMS or qk_elem not in KERNEL_ELEMS:
+        return f"element ladders ({p_elem!r}, {qk_elem!r}) must be in {KERNEL_ELEMS}"
+    if not (scale > 0 and math.isfinite(scale * LOG2E)):
+        return f"scale={scale!r}: the kernels' constant scale * log2(e) must be a positive fp32"
+    return None
+
+
+def fwd_kernel_for(target: Target | None, reason: str | None, requested: str | None = None) -> str:
+    """The forward kernel of a call on `target`: "gluon" or "tl". `reason` is `gluon_fwd_reason`'s
+    for the call; `requested` None picks "gluon" where `targets.GLUON_FWD` lists the family and the
+    call is served (both compute the same bits), an explicit "gluon" that cannot run raises."""
+    if requested is not None and requested not in FWD_KERNELS:
+        raise ValueError(f"fwd_kernel must be one of {FWD_KERNELS} or None, got {requested!r}")
+    if requested == "gluon":
+        if target is None or target.family != "sm_90":
+            reason = f"the Gluon forward is built for sm_90, this call runs on {target.name if target else 'the CPU interpreter'}"
+        if reason is not None:
+            raise ValueError(f"fwd_kernel='gluon' cannot serve this call: {reason}")
+        return "gluon"
+    if requested is None and target is not None and target.family in targets.GLUON_FWD and reason is None:
+        return "gluon"
+    return "tl"
+
+
+@dataclass(frozen=True)
+class GluonFwdCall:
+    """One launch of the Gluon kernel: grid, positional arguments, constexprs, warps (the default
+    partition's: consumer 0)."""
+
+    grid: tuple[int, int]
+    args: tuple
+    constants: dict
+    num_warps: int = 4
+
+
+def gluon_fwd_call(
+    q_packed: tuple[torch.Tensor, torch.Tensor],
+    kx: torch.Tensor,
+    vx: torch.Tensor,
+    *,
+    lq: int,
+    lk: int,
+    group: int,
+    out: torch.Tensor,
+    p_rule: tuple[bool, int, int],
+    pnq: bool,
+    scale: float,
+    p_elem: str = "e2m1",
+    qk_elem: str = "e2m1",
+    p_cvt: bool | None = None,
+    lse: torch.Tensor | None = None,
+    stages: int | None = None,
+    overlap: bool | None = None,
+) -> tuple[torch.Tensor, GluonFwdCall]:
+    """(lse [B, Hq, Lq], the launch) for pre-pass outputs: Q^ = (codes [B, Hq, LQP, DQ/2] (E4M3:
+    [.., DQ]), E8M0 bytes [B, Hq, LQP, DQ/32]), K^ [B, Hkv, LKP, 128] and V^ [B, Hkv, LKP, 128]
+    bf16 (contiguous), out [B, Hq, Lq, 128] (any strides), as `attention_fwd.fwd_calls` takes
+    them. p_cvt None: the hardware E4M3 cast where `targets.HW_E4M3_CAST` lists the target;
+    stages / overlap None: the module's STAGES / OVERLAP (experiments pass others)."""
+    qc, qs = q_packed
+    bsz, hq, lqp, _ = qc.shape
+    hk, lkp = kx.shape[1], kx.shape[2]
+    if lqp % BLOCK_M or lkp % BLOCK_N or kx.shape[3] != HEAD_DIM or tuple(vx.shape) != tuple(kx.shape):
+        raise ValueError(
+            f"Q^ rows {lqp} must be a multiple of {BLOCK_M}, K^ / V^ [B, Hkv, LKP % {BLOCK_N} == 0, "
+            f"{HEAD_DIM}] alike; got K^ {tuple(kx.shape)}, V^ {tuple(vx.shape)}"
+        )
+    if (
+        kx.dtype != torch.bfloat16
+        or vx.dtype != torch.bfloat16
+        or not (kx.is_contiguous() and vx.is_contiguous())
+    ):
+        raise ValueError("K^ and V^ must be contiguous bf16 tensors (the pre-pass's bf16 layout)")
+    if hq != hk * group or out.shape != (bsz, hq, lq, HEAD_DIM):
+        raise ValueError(
+            f"heads {hq} = {hk} x group {group} and out [B, Hq, Lq, 128] expected, got {tuple(out.shape)}"
+        )
+    if bsz * hk * lkp >= 2**31 or lk < 1:
+        raise ValueError(
+            f"K^ rows B x Hkv x LKP = {bsz * hk * lkp} must be in [1, 2**31) (TMA's int32 row coordinate)"
+        )
+    if lse is None:
+        lse = torch.empty((bsz, hq, lq), dtype=torch.float32, device=qc.device)
+    layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], gl.bfloat16)
+    k2, v2 = kx.view(bsz * hk * lkp, HEAD_DIM), vx.view(bsz * hk * lkp, HEAD_DIM)
+    k_desc = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [BLOCK_N, HEAD_DIM], layout)
+    v_desc = TensorDescriptor(v2, list(v2.shape), list(v2.stride()), [BLOCK_N, HEAD_DIM], layout)
+    ceil, q_exp, q_mant = p_rule
+    if p_cvt is None:
+        p_cvt = p_elem == "e4m3" and hw_e4m3_cast(current_target(qc.device))
+    constants = dict(
+        DQ=HEAD_DIM,
+        PNQ=pnq,
+        CEIL=ceil,
+        Q_EXP=q_exp,
+        Q_MANT=q_mant,
+        P_ELEM=p_elem,
+        P_CVT=bool(p_cvt and p_elem == "e4m3"),
+        QK_ELEM=qk_elem,
+        OUT_MAX=torch.finfo(out.dtype).max if out.dtype in (torch.float16, torch.bfloat16) else 0.0,
+        STAGES=STAGES if stages is None else stages,
+        OVERLAP=OVERLAP if overlap is None else overlap,
+        CONSUMER_REGS=CONSUMER_REGS,
+        PRODUCER_REGS=PRODUCER_REGS,
+    )
+    args = (qc, qs, k_desc, v_desc, out, lse, scale * LOG2E, lq, lk, hq, group, lqp, lkp, *out.stride())
+    return lse, GluonFwdCall((lqp // BLOCK_M, bsz * hq), args, constants)
+
+
+def mx_attention_fwd_hopper(q_packed, kx, vx, **kwargs) -> torch.Tensor:
+    """Run the Gluon kernel on pre-pass outputs (the arguments of `gluon_fwd_call`); writes `out`,
+    returns lse [B, Hq, Lq]."""
+    lse, call = gluon_fwd_call(q_packed, kx, vx, **kwargs)
+    _mx_attention_fwd_hopper_kernel[call.grid](
+        *call.args, **call.constants, num_warps=call.num_warps, enable_fp_fusion=False
+    )
+    return lse

@@ -157,7 +157,7 @@ def _operands(b, hq, hk, lq, lk, qk_elem, case, seed):
     return (qc, qs.to(torch.uint8)), k.bfloat16(), v.bfloat16()
 
 
-def _both(q_packed, kx, vx, *, lq, lk, group, out_dtype, rule, pnq, p_elem, qk_elem, scale):
+def _both(q_packed, kx, vx, *, lq, lk, group, out_dtype, rule, pnq, p_elem, qk_elem, scale, **variant):
     from mxattention.kernels.attention_fwd import mx_attention_fwd
     from mxattention.kernels.rules import rule_constants
 
@@ -169,7 +169,7 @@ def _both(q_packed, kx, vx, *, lq, lk, group, out_dtype, rule, pnq, p_elem, qk_e
     out_g = out_tl.clone()
     lse_tl = mx_attention_fwd(q_packed, kx, vx, dv=128, out=out_tl, block_n=128, matrix_path="bf16",
                               block_m=128, num_warps=8, num_stages=3, v_elem=p_elem, **kw)  # fmt: skip
-    lse_g = hopper.mx_attention_fwd_hopper(q_packed, kx, vx, out=out_g, **kw)
+    lse_g = hopper.mx_attention_fwd_hopper(q_packed, kx, vx, out=out_g, **kw, **variant)
     return (out_tl, lse_tl), (out_g, lse_g)
 
 
@@ -230,5 +230,21 @@ def test_fused_attention_same_bits_either_kernel(method, b, hq, hk, lq, lk, dtyp
     cfg = get_method(method)
     o_tl, l_tl = fused_attention(q, k, v, cfg, scale=128**-0.5, fwd_kernel="tl")
     o_g, l_g = fused_attention(q, k, v, cfg, scale=128**-0.5, fwd_kernel="gluon")
+    _assert_bitwise(o_g, o_tl, "O")
+    _assert_bitwise(l_g, l_tl, "lse")
+
+
+@gpu
+@pytest.mark.parametrize(
+    "variant",
+    [dict(overlap=False), dict(stages=3), dict(pingpong=True), dict(pingpong=True, stages=3)],
+)
+def test_pipeline_variants_equal_tl_kernel(variant):
+    """The schedules under study compute the same bits: without the intra-warpgroup overlap, with
+    3 ring stages, with the consumers' ping-pong."""
+    q_packed, kx, vx = _operands(1, 4, 2, 700, 1300, "e2m1", "outliers", seed=5)
+    (o_tl, l_tl), (o_g, l_g) = _both(q_packed, kx, vx, lq=700, lk=1300, group=2, out_dtype=torch.bfloat16,
+                                     rule="uos", pnq=True, p_elem="e2m1", qk_elem="e2m1", scale=0.088,
+                                     **variant)  # fmt: skip
     _assert_bitwise(o_g, o_tl, "O")
     _assert_bitwise(l_g, l_tl, "lse")

@@ -52,7 +52,9 @@ try:
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    # Renamed after Triton 3.6 (CI runs 3.9); same arguments.
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
     HAS_GLUON = True
 except (ImportError, AttributeError):  # no Triton, or one without Gluon's Hopper layer
     HAS_GLUON = False
@@ -63,7 +65,7 @@ HEAD_DIM = 128  # DQ = DV
 BLOCK_M = 128  # query rows per CTA: two consumers of 64
 BLOCK_N = 128  # keys per tile (cfg.block_n must be this)
 # K^ / V^ ring stages, registers per consumer / producer thread (setmaxnreg), consumer pipelining.
-STAGES, CONSUMER_REGS, PRODUCER_REGS, OVERLAP = 2, 240, 24, True
+STAGES, CONSUMER_REGS, PRODUCER_REGS, OVERLAP, PINGPONG = 2, 240, 24, True, False
 
 
 if triton is not None:
@@ -129,7 +131,7 @@ if HAS_GLUON:
         g = gl.where(scale == 255, float("nan"), _exp2_int(gl.maximum(e + GAP - 127, 0)))
         q_smem.store((v * f * g).to(gl.bfloat16))
         fence_async_shared()
-        gl.thread_barrier()
+        _cta_barrier()  # every thread's part of Q^ is in shared memory before the wgmmas read it
 
     @gluon.jit
     def _exp2_int(e):
@@ -184,7 +186,8 @@ if HAS_GLUON:
                   q_row0, row0, lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od,
                   DQ: gl.constexpr, PNQ: gl.constexpr, CEIL: gl.constexpr, Q_EXP: gl.constexpr,
                   Q_MANT: gl.constexpr, P_ELEM: gl.constexpr, P_CVT: gl.constexpr, QK_ELEM: gl.constexpr,
-                  OUT_MAX: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr):  # fmt: skip
+                  OUT_MAX: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, turn_mine, turn_other,
+                  ME: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
         """Rows [row0, row0 + 64) of this CTA's query tile: the key loop and the epilogue."""
         R: gl.constexpr = q_smem.type.shape[0]
         BN: gl.constexpr = k_smem.type.shape[1]
@@ -202,7 +205,15 @@ if HAS_GLUON:
         )
         l = gl.zeros_like(m)
         if OVERLAP:
-            s = _scores(q_smem, k_smem, k_ready, 0, zero, STAGES)
+            # PINGPONG: the consumers take turns issuing their wgmmas (turn barriers, one arrive per
+            # turn), so one's softmax runs while the other's products use the tensor cores; the
+            # parity trick lets consumer 0 (ME = 0) pass its first wait on a fresh barrier.
+            mbarrier.wait(k_ready.index(0), 0)
+            if PINGPONG:
+                mbarrier.wait(turn_mine, 1 - ME)
+            s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turn_other)
             s, _k_done = warpgroup_mma_wait(0, deps=[s, k_smem.index(0)])
             mbarrier.arrive(k_empty.index(0))
             m, alpha, l, p = _softmax(
@@ -211,12 +222,20 @@ if HAS_GLUON:
             o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
             for j in range(1, n_tiles):
                 # S_j and P^_{j-1} V^_{j-1} in flight together; the softmax of S_j runs under the latter.
-                s = _scores(q_smem, k_smem, k_ready, j, zero, STAGES)
+                slot = j % STAGES
                 prev = (j - 1) % STAGES
+                mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
                 mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+                if PINGPONG:
+                    mbarrier.wait(turn_mine, (j & 1) ^ (1 - ME))
+                s = warpgroup_mma(
+                    q_smem, k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True
+                )
                 o_tilde = warpgroup_mma(p, v_smem.index(prev), o_tilde, is_async=True)
-                s, _k_done = warpgroup_mma_wait(1, deps=[s, k_smem.index(j % STAGES)])
-                mbarrier.arrive(k_empty.index(j % STAGES))
+                if PINGPONG:
+                    mbarrier.arrive(turn_other)
+                s, _k_done = warpgroup_mma_wait(1, deps=[s, k_smem.index(slot)])
+                mbarrier.arrive(k_empty.index(slot))
                 m, alpha, l, p_next = _softmax(
                     s, m, l, j * BN, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT
                 )
@@ -226,7 +245,11 @@ if HAS_GLUON:
                 p = p_next
             last = (n_tiles - 1) % STAGES
             mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+            if PINGPONG:
+                mbarrier.wait(turn_mine, (n_tiles & 1) ^ (1 - ME))
             o_tilde = warpgroup_mma(p, v_smem.index(last), o_tilde, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turn_other)
             o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(last), p])
             mbarrier.arrive(v_empty.index(last))
         else:
@@ -282,6 +305,7 @@ if HAS_GLUON:
         OUT_MAX: gl.constexpr,
         STAGES: gl.constexpr,
         OVERLAP: gl.constexpr,
+        PINGPONG: gl.constexpr,
         CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
     ):
@@ -307,6 +331,9 @@ if HAS_GLUON:
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=2)  # one arrive per consumer partition
             mbarrier.init(v_empty.index(i), count=2)
+        turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(turns.index(i), count=1)
         n_tiles = (Lk + BN - 1) // BN
         row0 = pid_m * (2 * R)
         q_row0 = bh.to(gl.int64) * LQP + row0
@@ -316,17 +343,20 @@ if HAS_GLUON:
             [
                 (
                     _consumer,
-                    (Qc, Qs, Out, Lse, q0, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_row0, row0, Lq, Lk, n_tiles, qk_scale, out_base,
-                     lse_base, stride_om, stride_od, DQ, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES,
-                     OVERLAP),
+                    (Qc, Qs, Out, Lse, q0, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_row0, row0, Lq,
+                     Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od, DQ, PNQ, CEIL, Q_EXP,
+                     Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, OVERLAP, turns.index(0), turns.index(1), 0,
+                     PINGPONG),
                 ),
                 (
                     _consumer,
-                    (Qc, Qs, Out, Lse, q1, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_row0 + R, row0 + R, Lq, Lk, n_tiles, qk_scale,
-                     out_base, lse_base, stride_om, stride_od, DQ, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES,
-                     OVERLAP),
+                    (Qc, Qs, Out, Lse, q1, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_row0 + R,
+                     row0 + R, Lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od, DQ, PNQ, CEIL,
+                     Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, OVERLAP, turns.index(1),
+                     turns.index(0), 1, PINGPONG),
                 ),
-                (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bhk * LKP, n_tiles, STAGES)),
+                (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bhk * LKP,
+                             n_tiles, STAGES)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -414,12 +444,14 @@ def gluon_fwd_call(
     lse: torch.Tensor | None = None,
     stages: int | None = None,
     overlap: bool | None = None,
+    pingpong: bool | None = None,
 ) -> tuple[torch.Tensor, GluonFwdCall]:
     """(lse [B, Hq, Lq], the launch) for pre-pass outputs: Q^ = (codes [B, Hq, LQP, DQ/2] (E4M3:
     [.., DQ]), E8M0 bytes [B, Hq, LQP, DQ/32]), K^ [B, Hkv, LKP, 128] and V^ [B, Hkv, LKP, 128]
     bf16 (contiguous), out [B, Hq, Lq, 128] (any strides), as `attention_fwd.fwd_calls` takes
     them. p_cvt None: the hardware E4M3 cast where `targets.HW_E4M3_CAST` lists the target;
-    stages / overlap None: the module's STAGES / OVERLAP (experiments pass others)."""
+    stages / overlap / pingpong None: the module's STAGES / OVERLAP / PINGPONG (experiments pass
+    others; PINGPONG needs OVERLAP)."""
     qc, qs = q_packed
     bsz, hq, lqp, _ = qc.shape
     hk, lkp = kx.shape[1], kx.shape[2]
@@ -463,6 +495,7 @@ def gluon_fwd_call(
         OUT_MAX=torch.finfo(out.dtype).max if out.dtype in (torch.float16, torch.bfloat16) else 0.0,
         STAGES=STAGES if stages is None else stages,
         OVERLAP=OVERLAP if overlap is None else overlap,
+        PINGPONG=PINGPONG if pingpong is None else pingpong,
         CONSUMER_REGS=CONSUMER_REGS,
         PRODUCER_REGS=PRODUCER_REGS,
     )

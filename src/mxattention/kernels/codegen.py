@@ -46,12 +46,14 @@ class Case:
     matrix_path: str | None = None
     seq: int = 1024
     heads: int = 2
+    kernel: str = "tl"  # "gluon": the warp-specialized sm_90 forward (`attention_fwd_hopper`)
 
     @property
     def label(self) -> str:
         path = f", {self.matrix_path}" if self.matrix_path else ""
         method = f", {self.method}" if self.method != "mxattention" else ""
-        return f"D {self.head_dim}" + (", causal" if self.causal else "") + path + method
+        gluon = ", gluon" if self.kernel == "gluon" else ""
+        return f"D {self.head_dim}" + (", causal" if self.causal else "") + path + method + gluon
 
 
 @dataclass(frozen=True)
@@ -308,12 +310,65 @@ def _label_loops(lines: list[str], label_re: str, branch_re: str) -> list[list[s
     return loops
 
 
+def summarize_gluon(target: Target, case: Case = Case(kernel="gluon")) -> dict:
+    """Build the Gluon forward (`attention_fwd_hopper`) for `case` (bf16 K^ / V^, D 128, the method's
+    P~ ladder, rule and PNQ) and read it: registers at launch and per partition (the setmaxnreg
+    values: consumer 0, consumer 1, producer), spills, wgmma serialization (ptxas C7513 / C7515),
+    HGMMA and SASS instructions per key tile of each consumer's loop, shared memory."""
+    import triton
+
+    from mxattention.kernels import attention_fwd_hopper as hopper
+    from mxattention.kernels.rules import rule_constants
+    from mxattention.kernels.targets import hw_e4m3_cast
+
+    cfg = get_method(case.method)
+    reason = hopper.gluon_fwd_reason(
+        kv_bf16=True, dq=case.head_dim, dv=case.head_dim, block_n=cfg.block_n, is_causal=case.causal,
+        smooth_q=cfg.smooth_q, p_elem=cfg.p.elem, qk_elem=cfg.q.elem,
+    )  # fmt: skip
+    if reason is not None:
+        raise ValueError(f"the Gluon forward does not serve {case.label}: {reason}")
+    n, h, d = case.seq, case.heads, case.head_dim
+    width = d if cfg.q.elem == "e4m3" else d // 2
+    q = (torch.empty(1, h, n, width, dtype=torch.uint8), torch.empty(1, h, n, d // 32, dtype=torch.uint8))
+    kx = torch.empty(1, h, n, d, dtype=torch.bfloat16)
+    pr = rule_constants(cfg.p.rule, cfg.p.elem)
+    _, call = hopper.gluon_fwd_call(
+        q, kx, kx, lq=n, lk=n, group=1, out=torch.empty(1, h, n, d, dtype=torch.bfloat16),
+        p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=cfg.pnq, scale=d**-0.5, p_elem=cfg.p.elem,
+        qk_elem=cfg.q.elem, p_cvt=cfg.p.elem == "e4m3" and hw_e4m3_cast(target),
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    kw = dict(call.constants, num_warps=call.num_warps)
+    compiled, log = compile_offline(hopper._mx_attention_fwd_hopper_kernel, call.args, kw, target)
+    seconds = time.perf_counter() - t0
+    sass = disassemble(compiled.asm["cubin"])
+    tiles = [b for b in _sass_loops(sass) if any(op.startswith("HGMMA") for op in b)]
+    # The consumers' key loops are the shortest loops holding wgmmas (longer ranges span several).
+    per_tile = sorted(tiles, key=len)[:2]
+    regs = re.search(r"Used (\d+) registers", log)
+    spills = re.search(r"(\d+) bytes spill stores", log)
+    return dict(
+        target=target.name, case=case.label, triton=triton.__version__, kernel="gluon",
+        registers=int(regs[1]) if regs else None,
+        partition_registers={"consumer": call.constants["CONSUMER_REGS"], "producer": call.constants["PRODUCER_REGS"]},
+        setmaxnreg=sorted({int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", compiled.asm["ptx"])}),
+        spill_bytes=int(spills[1]) if spills else None,
+        wgmma_serialized=bool(re.search(r"C751[35]", log)),
+        hgmma_per_tile=[sum(op.startswith("HGMMA") for op in b) for b in per_tile],
+        instructions_per_tile=[len(b) for b in per_tile],
+        instructions=len(sass), shared=compiled.metadata.shared, stages=call.constants["STAGES"],
+        overlap=call.constants["OVERLAP"], compile_s=round(seconds, 2),
+    )  # fmt: skip
+
+
 TARGETS_BY_NAME = {t.name: t for t in (*MX_TARGETS, SM_90A)}
 
 
 def parse_spec(spec: str) -> tuple[Target, Case]:
-    """A build named as TARGET[/dHEAD_DIM][/causal][/bf16|/dot_scaled][/METHOD], e.g.
-    "sm_120a/d128/causal" or "sm_100a/d128/mxattention-pv8" (a preset's name)."""
+    """A build named as TARGET[/dHEAD_DIM][/causal][/bf16|/dot_scaled][/METHOD][/gluon], e.g.
+    "sm_120a/d128/causal", "sm_100a/d128/mxattention-pv8" (a preset's name) or "sm_90a/gluon"
+    (the Gluon forward, `summarize_gluon`)."""
     from mxattention.attention.config import PRESETS
 
     name, *parts = spec.split("/")
@@ -329,8 +384,12 @@ def parse_spec(spec: str) -> tuple[Target, Case]:
             kw["head_dim"] = int(part[1:])
         elif part in PRESETS:
             kw["method"] = part
+        elif part == "gluon":
+            kw["kernel"] = "gluon"
         else:
-            raise ValueError(f"build {spec!r}: {part!r} is not dN, causal, bf16 or dot_scaled")
+            raise ValueError(
+                f"build {spec!r}: {part!r} is not dN, causal, bf16, dot_scaled, gluon or a preset"
+            )
     return TARGETS_BY_NAME[name], Case(**kw)
 
 
@@ -376,7 +435,11 @@ def main(argv: list[str] | None = None) -> int:
             row["skip"] = skip
         else:
             try:
-                row = asdict(summarize(target, case))
+                row = (
+                    summarize_gluon(target, case)
+                    if case.kernel == "gluon"
+                    else asdict(summarize(target, case))
+                )
             except Exception as e:  # a compiler failure is this build's result, not the run's end
                 row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"
         print(json.dumps(row), flush=True)

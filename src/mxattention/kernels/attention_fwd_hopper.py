@@ -164,13 +164,14 @@ if HAS_GLUON:
 
     @gluon.jit
     def _softmax(s, m, l, start_n, Lk, qk_scale, dot_a: gl.constexpr, PNQ: gl.constexpr, CEIL: gl.constexpr,
-                 Q_EXP: gl.constexpr, Q_MANT: gl.constexpr, P_ELEM: gl.constexpr, P_CVT: gl.constexpr):  # fmt: skip
+                 Q_EXP: gl.constexpr, Q_MANT: gl.constexpr, P_ELEM: gl.constexpr, P_CVT: gl.constexpr,
+                 MASKED: gl.constexpr):  # fmt: skip
         """(m_new, alpha, l after tile j, P^ as the bf16 A operand) of scores s, with the `tl`
-        kernel's operations and reduction layouts; keys past Lk masked only in a tile that has them
-        (where(valid, s, -inf) is s itself elsewhere)."""
+        kernel's operations and reduction layouts; MASKED: keys past Lk get -inf (the tiles with
+        such keys; where(valid, s, -inf) is s itself elsewhere, so the fast tiles skip it)."""
         R: gl.constexpr = s.shape[0]
         BN: gl.constexpr = s.shape[1]
-        if start_n + BN > Lk:
+        if MASKED:
             offs_n = start_n + gl.arange(0, BN, layout=gl.SliceLayout(0, s.type.layout))
             s = gl.where(offs_n[None, :] < Lk, s, float("-inf"))
         m_new, alpha, p3, p_hat3 = _p_tile(s, m, qk_scale, P_ELEM, P_CVT, CEIL, Q_EXP, Q_MANT)
@@ -180,6 +181,56 @@ if HAS_GLUON:
         if PNQ:
             l = alpha * l + gl.convert_layout(gl.sum(gl.sum(p_hat3, 1), 1), alpha.type.layout)
         return m_new, alpha, l, p
+
+    @gluon.jit
+    def _overlap_step(j, m, l, o_tilde, p, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn_mine,
+                      turn_other, zero, Lk, qk_scale, mma: gl.constexpr, dot_a: gl.constexpr, PNQ: gl.constexpr,
+                      CEIL: gl.constexpr, Q_EXP: gl.constexpr, Q_MANT: gl.constexpr, P_ELEM: gl.constexpr,
+                      P_CVT: gl.constexpr, STAGES: gl.constexpr, ME: gl.constexpr, PINGPONG: gl.constexpr,
+                      MASKED: gl.constexpr):  # fmt: skip
+        """Key tile j >= 1 with the overlap: S_j and P^_{j-1} V^_{j-1} in flight together, the
+        softmax of S_j under the latter; then O~ (P^_{j-1} V^_{j-1} added) times alpha_j."""
+        BN: gl.constexpr = k_smem.type.shape[1]
+        slot = j % STAGES
+        prev = (j - 1) % STAGES
+        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+        if PINGPONG:
+            mbarrier.wait(turn_mine, (j & 1) ^ (1 - ME))
+        s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        o_tilde = warpgroup_mma(p, v_smem.index(prev), o_tilde, is_async=True)
+        if PINGPONG:
+            mbarrier.arrive(turn_other)
+        s, _k_done = warpgroup_mma_wait(1, deps=[s, k_smem.index(slot)])
+        mbarrier.arrive(k_empty.index(slot))
+        m, alpha, l, p_next = _softmax(
+            s, m, l, j * BN, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, MASKED
+        )
+        o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(prev), p])
+        mbarrier.arrive(v_empty.index(prev))
+        o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
+        return m, l, o_tilde, p_next
+
+    @gluon.jit
+    def _plain_step(j, m, l, o_tilde, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, zero, Lk,
+                    qk_scale, mma: gl.constexpr, dot_a: gl.constexpr, PNQ: gl.constexpr, CEIL: gl.constexpr,
+                    Q_EXP: gl.constexpr, Q_MANT: gl.constexpr, P_ELEM: gl.constexpr, P_CVT: gl.constexpr,
+                    STAGES: gl.constexpr, MASKED: gl.constexpr):  # fmt: skip
+        """Key tile j without the overlap: S_j, softmax, O~ alpha + P^_j V^_j, each waited for."""
+        BN: gl.constexpr = k_smem.type.shape[1]
+        slot = j % STAGES
+        s = _scores(q_smem, k_smem, k_ready, j, zero, STAGES)
+        s, _k_done = warpgroup_mma_wait(0, deps=[s, k_smem.index(slot)])
+        mbarrier.arrive(k_empty.index(slot))
+        m, alpha, l, p = _softmax(
+            s, m, l, j * BN, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, MASKED
+        )
+        o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
+        mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
+        o_tilde = warpgroup_mma(p, v_smem.index(slot), o_tilde, is_async=True)
+        o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(slot), p])
+        mbarrier.arrive(v_empty.index(slot))
+        return m, l, o_tilde
 
     @gluon.jit
     def _consumer(Qc, Qs, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
@@ -204,6 +255,7 @@ if HAS_GLUON:
             gl.max(gl.reshape(gl.full([R, BN], float("-inf"), gl.float32, mma), [R, BN // 32, 32]), 2), 1
         )
         l = gl.zeros_like(m)
+        n_full = Lk // BN  # tiles whose keys are all valid: no select on their scores
         if OVERLAP:
             # PINGPONG: the consumers take turns issuing their wgmmas (turn barriers, one arrive per
             # turn), so one's softmax runs while the other's products use the tensor cores; the
@@ -217,32 +269,21 @@ if HAS_GLUON:
             s, _k_done = warpgroup_mma_wait(0, deps=[s, k_smem.index(0)])
             mbarrier.arrive(k_empty.index(0))
             m, alpha, l, p = _softmax(
-                s, m, l, 0, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT
+                s, m, l, 0, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, True
             )
             o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
-            for j in range(1, n_tiles):
-                # S_j and P^_{j-1} V^_{j-1} in flight together; the softmax of S_j runs under the latter.
-                slot = j % STAGES
-                prev = (j - 1) % STAGES
-                mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-                mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-                if PINGPONG:
-                    mbarrier.wait(turn_mine, (j & 1) ^ (1 - ME))
-                s = warpgroup_mma(
-                    q_smem, k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True
-                )
-                o_tilde = warpgroup_mma(p, v_smem.index(prev), o_tilde, is_async=True)
-                if PINGPONG:
-                    mbarrier.arrive(turn_other)
-                s, _k_done = warpgroup_mma_wait(1, deps=[s, k_smem.index(slot)])
-                mbarrier.arrive(k_empty.index(slot))
-                m, alpha, l, p_next = _softmax(
-                    s, m, l, j * BN, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT
-                )
-                o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(prev), p])
-                mbarrier.arrive(v_empty.index(prev))
-                o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
-                p = p_next
+            for j in range(1, n_full):
+                m, l, o_tilde, p = _overlap_step(
+                    j, m, l, o_tilde, p, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                    turn_mine, turn_other, zero, Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM,
+                    P_CVT, STAGES, ME, PINGPONG, False,
+                )  # fmt: skip
+            for j in range(gl.maximum(n_full, 1), n_tiles):
+                m, l, o_tilde, p = _overlap_step(
+                    j, m, l, o_tilde, p, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                    turn_mine, turn_other, zero, Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM,
+                    P_CVT, STAGES, ME, PINGPONG, True,
+                )  # fmt: skip
             last = (n_tiles - 1) % STAGES
             mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
             if PINGPONG:
@@ -253,19 +294,16 @@ if HAS_GLUON:
             o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(last), p])
             mbarrier.arrive(v_empty.index(last))
         else:
-            for j in range(n_tiles):
-                slot = j % STAGES
-                s = _scores(q_smem, k_smem, k_ready, j, zero, STAGES)
-                s, _k_done = warpgroup_mma_wait(0, deps=[s, k_smem.index(slot)])
-                mbarrier.arrive(k_empty.index(slot))
-                m, alpha, l, p = _softmax(
-                    s, m, l, j * BN, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT
-                )
-                o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
-                mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
-                o_tilde = warpgroup_mma(p, v_smem.index(slot), o_tilde, is_async=True)
-                o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(slot), p])
-                mbarrier.arrive(v_empty.index(slot))
+            for j in range(0, n_full):
+                m, l, o_tilde = _plain_step(
+                    j, m, l, o_tilde, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, zero, Lk,
+                    qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, STAGES, False,
+                )  # fmt: skip
+            for j in range(n_full, n_tiles):
+                m, l, o_tilde = _plain_step(
+                    j, m, l, o_tilde, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, zero, Lk,
+                    qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, STAGES, True,
+                )  # fmt: skip
 
         out, lse = _finish(o_tilde, gl.convert_layout(l, gl.SliceLayout(1, mma)),
                            gl.convert_layout(m, gl.SliceLayout(1, mma)), OUT_MAX)  # fmt: skip

@@ -267,15 +267,16 @@ def test_q_smoothing_as_reference(path, layout, device):
     _check(compare(q, k, v, cfg, mask=mask, matrix_path=path, kv_layout=layout, device=device), "smooth mask")
 
 
-def test_q_smoothing_head_chunks_change_nothing(device, monkeypatch):
+@pytest.mark.parametrize("path,layout", [("dot_scaled", "packed"), ("bf16", "bf16")])
+def test_q_smoothing_head_chunks_change_nothing(path, layout, device, monkeypatch):
     """The correction buffer (4 ceil(Lq / 128) bytes per key and query head) bounds the head chunks
-    too: chunks of one KV head give the very same O, lse and Q(P~) as one launch."""
+    too, on either layout: chunks of one KV head give the very same O, lse and Q(P~) as one launch."""
     from mxattention.kernels import attention_fwd, fused
 
     q, k, v = (t.to(device) for t in qkv(1, 4, 2, 200, 150, 64, seed=25))
     cfg = get_method("mxattention-pv8-smooth")
-    args = dict(scale=0.125, matrix_path="bf16", kv_layout="bf16", debug_p=True)
-    whole = fused.fused_attention(q, k, v, cfg, **args)
+    args = dict(scale=0.125, matrix_path=path, kv_layout=layout, debug_p=True)
+    whole = fused.fused_attention(q, k, v, cfg, **args, kv_chunk_bytes=None)
     launches = []
     real = attention_fwd.mx_attention_fwd
 
@@ -284,9 +285,11 @@ def test_q_smoothing_head_chunks_change_nothing(device, monkeypatch):
         return real(*a, **kw)
 
     monkeypatch.setattr(attention_fwd, "mx_attention_fwd", counted)
-    # One KV head's correction: 4 bytes x 2 query heads x 2 blocks x 256 padded keys.
-    monkeypatch.setattr(fused, "KV_CHUNK_MIN_BYTES", 4096)
-    parts = fused.fused_attention(q, k, v, cfg, **args)
+    if layout == "packed":  # (bf16 K^ + V^ of one head take more than these bounds)
+        fused.fused_attention(q, k, v, cfg, **args, kv_chunk_bytes=8192)
+        assert launches == [4]  # two KV heads' corrections: 2 x 4 bytes x 2 query heads x 2 blocks x 256 keys
+        launches.clear()
+    parts = fused.fused_attention(q, k, v, cfg, **args, kv_chunk_bytes=8191)
     assert launches == [2, 2]  # query heads per launch
     for a, b in zip(whole, parts, strict=True):
         assert torch.equal(a, b)

@@ -45,15 +45,24 @@ class Operands:
 
 
 def q_block_mean_rows(q: torch.Tensor, block: int) -> torch.Tensor:
-    """The mean [..., ceil(Lq / block), D] of each block of `block` query tokens (the last ragged);
-    the fused kernels take these very values (`kernels.fused`)."""
+    """The fp32 mean [..., ceil(Lq / block), D] of each block of `block` query tokens (the last
+    ragged) of a float `q` of any dtype; the fused kernels take these very values (`kernels.fused`).
+
+    Summed in fp32 without an fp32 copy of `q` (on CUDA a bf16 / fp16 sum with dtype=float32 widens
+    each element as it is read; every such element is exact in fp32): the output is the only buffer.
+    """
     lq = q.shape[-2]
-    nb = -(-lq // block)
-    pad = nb * block - lq
-    qp = torch.nn.functional.pad(q, (0, 0, 0, pad))
-    counts = torch.full((nb,), float(block), device=q.device)
-    counts[-1] = block - pad
-    return qp.unflatten(-2, (nb, block)).sum(dim=-2) / counts[:, None]
+    full = lq // block
+    parts = []
+    if full:
+        sums = q[..., : full * block, :].unflatten(-2, (full, block)).sum(dim=-2, dtype=torch.float32)
+        parts.append(sums / block)
+    if lq % block:
+        tail = q[..., full * block :, :].sum(dim=-2, keepdim=True, dtype=torch.float32)
+        parts.append(tail / (lq % block))
+    if not parts:  # no queries, no blocks
+        return q.new_zeros((*q.shape[:-2], 0, q.shape[-1]), dtype=torch.float32)
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
 
 
 def q_block_means(q: torch.Tensor, block: int) -> torch.Tensor:

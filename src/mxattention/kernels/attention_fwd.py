@@ -227,15 +227,14 @@ def _attend_tile(
         s = tl.dot(q_hat, tl.trans(k_hat))
     else:
         s = tl.dot(q_hat, tl.trans(dequant_mx(k_codes, k_scales, BN, DQ, QK_ELEM).to(DOT_T)))
-    if SMOOTH_Q or (MASKED and MASK_MODE == 2):
-        # The Q smoothing correction (qm K^T * scale, in log2 units: one [BN] vector per query block
-        # and key tile, `fused.fused_attention`) and an additive mask are added in log2 units, so
-        # these scores are scaled first.
+    if SMOOTH_Q:
+        # Q smoothing's correction qm K^T (unscaled, as the scores: one [BN] vector per query block
+        # and key tile, `smoothing.smoothing_correction`), so the scale stays one multiply below.
+        s = s + tl.load(corr_ptr + offs_n)[None, :]
+    if MASKED and MASK_MODE == 2:
+        # An additive mask is added in log2 units, so these scores are scaled first.
         s = s * qk_scale
-        if SMOOTH_Q:
-            s = s + tl.load(corr_ptr + offs_n)[None, :]
-        if MASKED:
-            s = _mask_scores(s, offs_m, offs_n, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, MASK_MODE)
+        s = _mask_scores(s, offs_m, offs_n, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, MASK_MODE)
         c = 1.0
     else:
         if MASKED:
@@ -499,7 +498,7 @@ def fwd_calls(
     its element ladder `p_elem` ("e2m1" or "e4m3", `rules.rule_constants(rule, p_elem)`); `v_elem`
     is V^'s ladder (E4M3 codes: one byte each, [B, Hkv, DVP, LKP]), `qk_elem` Q^'s and K^'s (E4M3:
     codes [B, H, L, DQ]). `smooth_q` = (corr [B, Hq, ceil(Lq / block), LKP] fp32, block): Q
-    smoothing's correction qm K^T * scale * log2(e) per query block and key, zero past Lk; block a
+    smoothing's correction qm K^T (unscaled) per query block and key, zero past Lk; block a
     multiple of `block_m` (dense calls only).
     `debug_p`: an fp32 [B, Hq, Lq, LKP] buffer that receives Q(P~) of every tile computed.
     `k_packed` / `v_packed` may instead be single bf16 tensors of the dequantized values, K^ [B, Hkv,

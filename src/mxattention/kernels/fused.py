@@ -102,8 +102,9 @@ def fused_attention(
     inner loop only multiplies); default "bf16" on the Hopper path, "packed" for dot_scaled.
     `kv_chunk_bytes` (bf16 layout): the pre-pass and the kernel run over groups of KV heads whose
     K^ + V^ take at most this many bytes (at least one head per group); "auto" (default) means
-    max(KV_CHUNK_MIN_BYTES, the packed K/V bytes of the call), None one group. Calls with more than
-    GRID_Y_MAX batch x query heads also run in groups of batches.
+    max(KV_CHUNK_MIN_BYTES, the packed K/V bytes of the call), None one group. With Q smoothing
+    its correction (fp32, 4 ceil(Lq / 128) bytes per key and query head) obeys the same bound, on
+    either layout. Calls with more than GRID_Y_MAX batch x query heads also run in groups of batches.
     `fwd_kernel`: "tl" (`attention_fwd`), "gluon" (`attention_fwd_hopper`, sm_90: dense unmasked
     bf16-layout calls at head dim 128; the same bits) or None (`attention_fwd_hopper.fwd_kernel_for`).
     """
@@ -119,9 +120,9 @@ def fused_attention(
         padded_len,
         prepass_qk,
         prepass_v,
-        smoothing_correction,
     )
     from mxattention.kernels.rules import rule_constants
+    from mxattention.kernels.smoothing import smoothing_correction
 
     query, key, scale = kernel_scale(query, key, scale)
     b, hq, lq, d = query.shape
@@ -148,11 +149,15 @@ def fused_attention(
     if wide:
         step = kv_heads_per_chunk(b, hk, lkp, padded_dim(d), padded_dim(dv), kv_chunk_bytes)
     blk = cfg.smooth_q_block
-    if cfg.smooth_q:  # the correction's fp32 [B, group, ceil(Lq / blk), Lk'] per KV head, bounded too
-        per_kv_head = 4 * b * group * -(-lq // blk) * lkp
-        step = min(step, max(1, KV_CHUNK_MIN_BYTES // per_kv_head))
-        # Q smoothing's block means, the reference's own values (on the whole query, as it takes them).
-        qm_all = q_block_mean_rows(query.float(), blk).contiguous()
+    if cfg.smooth_q:
+        nb = -(-lq // blk)
+        step = min(
+            step,
+            smoothing_heads_per_chunk(b, hk, group, nb, lkp, padded_dim(d), padded_dim(dv), kv_chunk_bytes),
+        )
+        # Q smoothing's block means, the reference's own function (on the whole query, as it takes
+        # them), summed in fp32 without an fp32 copy of the query.
+        qm_all = q_block_mean_rows(query, blk).contiguous()
     step = max(1, min(step, GRID_Y_MAX // group))  # query heads of one KV head and one batch fit
     bstep = max(1, GRID_Y_MAX // (step * group))
     for b0, h0 in itertools.product(range(0, b, bstep), range(0, hk, step)):
@@ -160,7 +165,7 @@ def fused_attention(
         qe, smooth, q_mean = cfg.q.elem, None, None
         if cfg.smooth_q:
             q_mean = (qm_all[bs, qh], blk)
-            smooth = (smoothing_correction(qm_all[bs, qh], key[bs, kv], scale * LOG2E, lkp), blk)
+            smooth = (smoothing_correction(qm_all[bs, qh], key[bs, kv], lkp), blk)
         qp = prepass_qk(
             query[bs, qh],
             cfg.q.rule,
@@ -273,6 +278,37 @@ def launch_config(
     return tiles.block_m, path, layout, tiles.num_warps, tiles.num_stages, tiles.options
 
 
+def smoothing_heads_per_chunk(
+    b: int,
+    hk: int,
+    group: int,
+    nb: int,
+    lkp: int,
+    dp: int,
+    dvp: int,
+    kv_chunk_bytes: int | str | None = "auto",
+) -> int:
+    """KV heads per chunk of a Q-smoothing call: its correction, fp32 [B, group, nb, lkp] per KV
+    head (nb query blocks), takes at most the bytes K^ + V^ may (`kv_chunk_bytes`, see
+    `chunk_bytes`), at least one head. That bound grows with the packed K/V, so long calls keep
+    several heads per launch (at 75k a bound of 256 MiB left 1 head: 591 programs, 4.5 waves of
+    132 SMs, the last half empty); balanced as `kv_heads_per_chunk`."""
+    if kv_chunk_bytes is None:
+        return hk
+    most = max(1, min(hk, chunk_bytes(b, hk, lkp, dp, dvp, kv_chunk_bytes) // (4 * b * group * nb * lkp)))
+    return -(-hk // -(-hk // most))
+
+
+def chunk_bytes(b: int, hk: int, lkp: int, dp: int, dvp: int, kv_chunk_bytes: int | str = "auto") -> int:
+    """The bytes a head chunk's buffers may take: `kv_chunk_bytes`, or for "auto"
+    max(KV_CHUNK_MIN_BYTES, the packed K/V bytes of the whole call)."""
+    if kv_chunk_bytes == "auto":
+        return max(KV_CHUNK_MIN_BYTES, int(b * hk * lkp * (dp + dvp) * (0.5 + 1 / 32)))
+    if isinstance(kv_chunk_bytes, bool) or not isinstance(kv_chunk_bytes, int) or kv_chunk_bytes <= 0:
+        raise ValueError(f"kv_chunk_bytes must be a positive int, 'auto' or None, got {kv_chunk_bytes!r}")
+    return kv_chunk_bytes
+
+
 def kv_heads_per_chunk(
     b: int, hk: int, lkp: int, dp: int, dvp: int, kv_chunk_bytes: int | str | None = "auto"
 ) -> int:
@@ -281,10 +317,5 @@ def kv_heads_per_chunk(
     if kv_chunk_bytes is None:
         return hk
     per_head = 2 * b * lkp * (dp + dvp)  # bf16 K^ and V^ of one KV head, all batches
-    if kv_chunk_bytes == "auto":
-        packed = b * hk * lkp * (dp + dvp) * (0.5 + 1 / 32)
-        kv_chunk_bytes = max(KV_CHUNK_MIN_BYTES, int(packed))
-    if isinstance(kv_chunk_bytes, bool) or not isinstance(kv_chunk_bytes, int) or kv_chunk_bytes <= 0:
-        raise ValueError(f"kv_chunk_bytes must be a positive int, 'auto' or None, got {kv_chunk_bytes!r}")
-    most = max(1, min(hk, kv_chunk_bytes // per_head))
+    most = max(1, min(hk, chunk_bytes(b, hk, lkp, dp, dvp, kv_chunk_bytes) // per_head))
     return -(-hk // -(-hk // most))

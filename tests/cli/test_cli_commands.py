@@ -161,3 +161,14 @@ def test_bench_cpu(capsys):
     out = capsys.readouterr().out
     assert "torch sdpa" in out and "mxattention" in out
     assert main(["bench", "--shape", "0", "1", "64", "32"]) == 2
+
+
+def test_bench_prints_the_kernel_plan(capsys):
+    """`bench --plan` prints each method's kernel plan of the case (here the CPU's: the reference
+    for the reason the op gives, the tiles it would take on the interpreter)."""
+    args = ["bench", "--shape", "1", "2", "64", "32", "--methods", "mxattention", "nvfp4", "--repeat", "1"]
+    assert main([*args, "--dtype", "float32", "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "plan of mxattention on " in out and "tiles: BM " in out and "pre-pass: Q^ " in out
+    assert "plan of nvfp4: PyTorch reference: " in out
+    assert out.index("plan of mxattention") < out.index("torch sdpa")

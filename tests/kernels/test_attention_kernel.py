@@ -169,7 +169,7 @@ def test_grid_limit_pieces_change_nothing(layout, device, monkeypatch):
     """Past CUDA's 65535 on the grid's batch x heads axis the call runs in pieces of batches and
     heads (here a limit of 4 against 3 batches x 6 query heads): the same O, lse and Q(P~)."""
     from mxattention.kernels import attention_fwd as fwd
-    from mxattention.kernels import fused
+    from mxattention.kernels import fused, plan
 
     q, k, v = qkv(3, 6, 3, 40, 100, 64, seed=4)
     mask = (torch.rand(3, 1, 1, 100, generator=torch.Generator().manual_seed(4)) > 0.2).expand(3, 6, 40, 100)
@@ -185,7 +185,7 @@ def test_grid_limit_pieces_change_nothing(layout, device, monkeypatch):
         return real(qp, *a, **kw)
 
     monkeypatch.setattr(fwd, "mx_attention_fwd", counted)
-    monkeypatch.setattr(fused, "GRID_Y_MAX", 4)
+    monkeypatch.setattr(plan, "GRID_Y_MAX", 4)
     parts = fused.fused_attention(q, k, v, cfg, **args)
     # GQA groups of 2 query heads stay whole: 2 KV heads (4 query heads) a piece, one batch each.
     assert launches == [(1, 4), (1, 2)] * 3
@@ -346,7 +346,7 @@ def test_nonfinite_inputs_as_reference(case, method, path, layout, device):
     q, k, v = qkv_
     cfg = get_method(method)
     ref, ref_lse = reference_attention(q, k, v, cfg, scale=0.125)
-    out, lse = fused_attention(
+    out, lse, _ = fused_attention(
         q.to(device), k.to(device), v.to(device), cfg, scale=0.125, matrix_path=path, kv_layout=layout
     )
     out, lse = out.float().cpu(), lse.cpu()
@@ -418,7 +418,7 @@ def test_fp16_output_near_max_saturates_as_reference(value, method, path, layout
     v = torch.full((1, 2, 40, 32), value, dtype=torch.float16)
     v[..., ::2] *= -1
     ref = sdpa_reference(q, k, v, method=method, scale=32**-0.5)
-    out, _ = fused_attention(
+    out, _, _ = fused_attention(
         q.to(device), k.to(device), v.to(device), get_method(method), scale=32**-0.5,
         matrix_path=path, kv_layout=layout,
     )  # fmt: skip

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from mxattention.kernels import targets as tg
-from mxattention.kernels.attention_fwd import default_matrix_path
 from mxattention.kernels.fused import launch_config
+from mxattention.kernels.plan import default_matrix_path
 
 # One build per MX target at the benchmark's head dim, plus a control the checks must flag: sm_90a
 # has no FP4 MMA, so there Triton decodes dot_scaled's operands to bf16.

@@ -31,6 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device", type=device_arg, default=None, help="cpu, cuda or cuda:N (default: cuda when available)"
     )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print each method's kernel plan of the case (matrix path, layout, tiles, passes, or the "
+        "reason it runs the PyTorch reference) before the timings",
+    )
 
 
 def _check_head_dim(parser: argparse.ArgumentParser, head_dim: int, methods: list[str]) -> None:
@@ -50,13 +56,15 @@ def _check_head_dim(parser: argparse.ArgumentParser, head_dim: int, methods: lis
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from mxattention.eval.bench import bench_methods
+    from mxattention.eval.bench import bench_methods, plan_methods
 
     check_methods(args.parser, args.methods)
     _check_head_dim(args.parser, args.shape[-1], args.methods)
-    rows = bench_methods(
-        args.shape, args.methods, device=args.device, dtype=getattr(torch, args.dtype), repeat=args.repeat
-    )
+    dtype = getattr(torch, args.dtype)
+    if args.plan:
+        for plan in plan_methods(args.shape, args.methods, device=args.device, dtype=dtype):
+            print(plan)
+    rows = bench_methods(args.shape, args.methods, device=args.device, dtype=dtype, repeat=args.repeat)
     print(f"shape {args.shape} {args.dtype}")
     for r in rows:
         print(f"{r['name']:26s} {r['ms']:10.2f} ms {r['tflops']:9.3f} TFLOP/s {r['vs_sdpa']:7.3f}x sdpa")

@@ -2,6 +2,7 @@
 
 Ratios are against torch SDPA (same dtype, same device) measured in the same process. On CUDA
 this times the fused kernels where the dispatcher uses them; on the CPU the PyTorch reference.
+`plan_methods` gives each method's kernel plan of the case (`mxattention bench --plan`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from collections.abc import Sequence
 
 import torch
 
+from mxattention.attention.config import get_method
 from mxattention.dispatch import scaled_dot_product_attention
+from mxattention.kernels.op import kernel_plan
+from mxattention.kernels.plan import KernelPlan
 
 
 def _time(fn, repeat: int, device: torch.device) -> float:
@@ -61,3 +65,18 @@ def bench_methods(
     for r in rows:
         r["vs_sdpa"] = base / r["ms"]
     return rows
+
+
+def plan_methods(
+    shape: Sequence[int],
+    methods: Sequence[str],
+    *,
+    device: str | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+) -> list[KernelPlan]:
+    """The kernel plan (`kernels.op.kernel_plan`, what `scaled_dot_product_attention` executes) of
+    each method on [B, H, L, D] `shape` inputs on `device` (uninitialized tensors: a plan reads shapes,
+    strides and the device, not values)."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    q = torch.empty(tuple(shape), device=dev, dtype=dtype)
+    return [kernel_plan(get_method(m), q, q, q, shape[-1] ** -0.5) for m in methods]

@@ -1,8 +1,8 @@
 """Fused MXFP4 attention forward (FlashAttention-2 online softmax), one Triton kernel.
 
-Exposes `mx_attention_fwd` (packed operands from the pre-pass in, (O, lse) out), `fwd_calls` (the
-launches it makes, as data: `codegen` compiles them offline), `default_matrix_path` and
-`MATRIX_PATHS`.
+Exposes `mx_attention_fwd` (packed operands from the pre-pass in, (O, lse) out) and `fwd_calls`
+(the launches it makes, as data: `codegen` compiles them offline). Which variant a call takes
+(matrix path, layout, tiles, element ladders, P_CVT) is its `plan.KernelPlan`'s.
 
 One program owns `BM` query rows of one (batch, head) and walks the key tiles of `BN` = cfg.block_n
 keys, in the names of docs/design.md, 'Attention algorithm', and `attention.reference`:
@@ -56,11 +56,10 @@ from mxattention.kernels.cast import (
     inv_exp2,
     pack_nibbles,
 )
+from mxattention.kernels.plan import MATRIX_PATHS
 from mxattention.kernels.prepass import varlen_v_start
 from mxattention.kernels.rules import KERNEL_ELEMS
-from mxattention.kernels.targets import current_target, hw_e4m3_cast, matrix_path_for
 
-MATRIX_PATHS = ("bf16", "dot_scaled")
 LOG2E = 1.0 / math.log(2.0)
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 GRID_Z_MAX = 65535  # CUDA's third grid axis: varlen launches hold at most this many sequences
@@ -198,7 +197,6 @@ def _attend_tile(
     DEBUG_P: tl.constexpr,
     DOT_T: tl.constexpr,
     KV_BF16: tl.constexpr,
-    ABLATE: tl.constexpr,
     VARLEN: tl.constexpr,
     P_ELEM: tl.constexpr,
     V_ELEM: tl.constexpr,
@@ -259,8 +257,6 @@ def _attend_tile(
     p_blk = tl.math.exp2(s_blk * c - m_use[:, None])
     two_e = block_scale(p_blk, CEIL, Q_EXP, Q_MANT)
     p_hat3 = elem_round(p3, two_e[:, :, None], P_ELEM, P_CVT)
-    if ABLATE & 1:
-        p_hat3 = p3
     p_hat = tl.reshape(p_hat3, [BM, BN])
     if DEBUG_P:
         tl.store(Pdbg + dbg_row + offs_n[None, :], p_hat, mask=offs_m[:, None] < Lq)
@@ -338,7 +334,6 @@ def _mx_attention_fwd_kernel(
     DEBUG_P: tl.constexpr,
     DOT_T: tl.constexpr,
     KV_BF16: tl.constexpr,
-    ABLATE: tl.constexpr = 0,
     OUT_MAX: tl.constexpr = 0.0,
     VARLEN: tl.constexpr = False,
     P_ELEM: tl.constexpr = "e2m1",
@@ -404,7 +399,7 @@ def _mx_attention_fwd_kernel(
             m, l, o_tilde, q_hat, q_codes, q_scales, start_n, offs_m, Kc, Ks, Vc, Vs, Kx, Vx, k_base,
             v_base, v_rows, Pdbg, dbg_row, mask_base, qk_scale, lq, lk, stride_mm, stride_mn, BM, BN, DQ,
             DV, False, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, DOT_SCALED, DEBUG_P, DOT_T, KV_BF16,
-            ABLATE, VARLEN, P_ELEM, V_ELEM, P_CVT, QK_ELEM, corr_ptr, SMOOTH_Q_BLOCK > 0,
+            VARLEN, P_ELEM, V_ELEM, P_CVT, QK_ELEM, corr_ptr, SMOOTH_Q_BLOCK > 0,
         )  # fmt: skip
     # The masked tail (a tile or two, more on the causal diagonal) runs unpipelined: pipelining
     # it too puts copies of o_tilde between wgmmas and ptxas then serializes every wgmma.
@@ -413,7 +408,7 @@ def _mx_attention_fwd_kernel(
             m, l, o_tilde, q_hat, q_codes, q_scales, start_n, offs_m, Kc, Ks, Vc, Vs, Kx, Vx, k_base,
             v_base, v_rows, Pdbg, dbg_row, mask_base, qk_scale, lq, lk, stride_mm, stride_mn, BM, BN, DQ,
             DV, True, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, DOT_SCALED, DEBUG_P, DOT_T, KV_BF16,
-            ABLATE, VARLEN, P_ELEM, V_ELEM, P_CVT, QK_ELEM, corr_ptr, SMOOTH_Q_BLOCK > 0,
+            VARLEN, P_ELEM, V_ELEM, P_CVT, QK_ELEM, corr_ptr, SMOOTH_Q_BLOCK > 0,
         )  # fmt: skip
 
     empty = l == 0.0
@@ -430,12 +425,6 @@ def _mx_attention_fwd_kernel(
     tl.store(optr, out.to(Out.dtype.element_ty), mask=(offs_m[:, None] < lq) & (offs_dv[None, :] < Dv))
     lse = tl.where(empty, float("-inf"), (m + tl.math.log2(tl.where(empty, 1.0, l))) * 0.6931471805599453)
     tl.store(Lse + bh.to(tl.int64) * Lq + q_start + offs_m, lse, mask=offs_m < lq)
-
-
-def default_matrix_path(device: torch.device) -> str:
-    """The matrix path on `device`: "dot_scaled" where Triton's target has native E2M1 MMAs (sm_100+,
-    gfx950) and on the interpreter, else "bf16" (`targets.matrix_path_for`)."""
-    return matrix_path_for(current_target(device))
 
 
 @dataclass(frozen=True)
@@ -475,17 +464,17 @@ def fwd_calls(
     scale: float,
     is_causal: bool = False,
     mask: torch.Tensor | None = None,
-    matrix_path: str | None = None,
+    matrix_path: str = "bf16",
     block_m: int = 128,
     num_warps: int = 8,
     num_stages: int = 2,
     compile_options: tuple[tuple[str, int], ...] = (),
     debug_p: torch.Tensor | None = None,
-    ablate: int = 0,
     varlen: tuple[torch.Tensor, torch.Tensor, int] | None = None,
     p_elem: str = "e2m1",
     v_elem: str = "e2m1",
     qk_elem: str = "e2m1",
+    p_cvt: bool = False,
     smooth_q: tuple[torch.Tensor, int] | None = None,
 ) -> tuple[torch.Tensor, list[FwdCall]]:
     """(lse [B, Hq, Lq], the kernel launches) for pre-pass outputs; `mx_attention_fwd` runs them,
@@ -503,8 +492,8 @@ def fwd_calls(
     `debug_p`: an fp32 [B, Hq, Lq, LKP] buffer that receives Q(P~) of every tile computed.
     `k_packed` / `v_packed` may instead be single bf16 tensors of the dequantized values, K^ [B, Hkv,
     LKP, DQ] and V^ [B, Hkv, LKP, DVP] (`prepass_*(..., out_bf16=True)`), for the "bf16" path only.
-    `compile_options`: backend options of the build (`targets.FwdTiles.options`).
-    `ablate` (timing experiments only, wrong results): bit 1 skips the cast of P~.
+    `compile_options`: backend options of the build (`targets.FwdTiles.options`). `p_cvt`: E4M3
+    P~ by the hardware cast (`KernelPlan.p_cvt`, where targets.HW_E4M3_CAST lists the GPU).
     `num_stages` is lowered automatically when the compiled kernel would not fit in shared memory.
     `varlen` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q): a packed batch (B = 1, no mask, no
     debug_p); lq / lk are then total_q / total_k, `out` [1, Hq, total_q, Dv] (any strides), the
@@ -522,23 +511,14 @@ def fwd_calls(
         kx = vx = qc
         lkp, lvp, dvp = kc.shape[2], vc.shape[3] * (1 if v_elem == "e4m3" else 2), vc.shape[2]
     bsz, hq, lqp, dq2 = qc.shape
-    path = matrix_path or default_matrix_path(qc.device)
-    if kv_bf16 and path != "bf16":
-        raise ValueError("bf16 K^ / V^ operands need matrix_path='bf16'")
-    if path not in MATRIX_PATHS:
-        raise ValueError(f"matrix_path must be one of {MATRIX_PATHS}, got {path!r}")
-    if any(e not in KERNEL_ELEMS for e in (p_elem, v_elem, qk_elem)):
-        raise ValueError(
-            f"p_elem, v_elem, qk_elem must be in {KERNEL_ELEMS}, got {p_elem!r}, {v_elem!r}, {qk_elem!r}"
-        )
-    if varlen is None and (lqp % block_m or lkp % block_n):
-        raise ValueError(
-            f"padded lengths ({lqp}, {lkp}) must be multiples of the tiles ({block_m}, {block_n})"
-        )
-    if varlen is not None and (mask is not None or debug_p is not None or bsz != 1 or smooth_q is not None):
-        raise ValueError("varlen calls take one packed batch (B = 1) without mask, debug_p or smooth_q")
-    if smooth_q is not None and smooth_q[1] % block_m:
-        raise ValueError(f"the smoothing block {smooth_q[1]} must be a multiple of block_m={block_m}")
+    # Preconditions (the arguments come from a `plan.KernelPlan`, whose options plan_call checked;
+    # the inputs from attention.inputs / attention.varlen): asserted, not re-checked for the user.
+    path = matrix_path
+    assert path in MATRIX_PATHS and not (kv_bf16 and path != "bf16"), (path, kv_bf16)
+    assert all(e in KERNEL_ELEMS for e in (p_elem, v_elem, qk_elem)), (p_elem, v_elem, qk_elem)
+    assert varlen is not None or not (lqp % block_m or lkp % block_n), (lqp, lkp, block_m, block_n)
+    assert varlen is None or (mask is None and debug_p is None and bsz == 1 and smooth_q is None)
+    assert smooth_q is None or smooth_q[1] % block_m == 0, (smooth_q[1], block_m)
     lse = torch.empty((bsz, hq, lq), dtype=torch.float32, device=qc.device)
     if mask is None:
         mask_mode, mask_arg, mstrides = MASK_NONE, qc, (0, 0, 0, 0)
@@ -590,13 +570,11 @@ def fwd_calls(
         DEBUG_P=debug_p is not None,
         DOT_T=tl.float32 if kernels_interpreted() else tl.bfloat16,
         KV_BF16=kv_bf16,
-        ABLATE=ablate,
         OUT_MAX=torch.finfo(out.dtype).max if out.dtype in (torch.float16, torch.bfloat16) else 0.0,
         VARLEN=varlen is not None,
         P_ELEM=p_elem,
         V_ELEM=v_elem,
-        # E4M3 P~ by the hardware cast only where it was checked equal (targets.HW_E4M3_CAST).
-        P_CVT=p_elem == "e4m3" and hw_e4m3_cast(current_target(qc.device)),
+        P_CVT=p_cvt,
         QK_ELEM=qk_elem,
         SMOOTH_Q_BLOCK=0 if smooth_q is None else smooth_q[1],
     )

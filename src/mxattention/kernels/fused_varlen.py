@@ -1,8 +1,10 @@
 """`fused_varlen_attention`: the pre-pass and the attention kernel on a packed variable-length batch.
 
-Exposes `fused_varlen_attention`, `varlen_kernel_enabled` and `per_sequence_attention` (one dense
-`fused_attention` call per sequence on views: what GPUs run until the one-launch kernel is checked
-there, see `varlen_kernel_enabled`). Inputs in flash-attn's varlen layout (q [total_q, H, D], k / v
+Exposes `fused_varlen_attention` (plans the call with `plan.plan_call(..., varlen=...)`, or takes a
+plan, and runs it), `per_sequence_attention` (one dense `fused_attention` call per sequence on
+views: what GPUs run until the one-launch kernel is checked there, `KernelPlan.varlen` ==
+"per_sequence") and `varlen_kernel_enabled` (which `plan_call` asks); `varlen_reason` is
+`plan`'s. Inputs in flash-attn's varlen layout (q [total_q, H, D], k / v
 [total_k, Hkv, D], int32 prefix sums; the checks of `attention.varlen` are the caller's job).
 
 No padded copy of the batch is made (docs/design.md, 'Varlen'): the packed tensors enter the
@@ -28,16 +30,18 @@ from mxattention.attention.config import AttentionConfig
 from mxattention.attention.reference import cast_output
 from mxattention.attention.varlen import per_sequence
 from mxattention.kernels._triton import kernels_interpreted
-from mxattention.kernels.fused import (
-    GRID_Y_MAX,
-    fused_attention,
-    kernel_scale,
-    kv_heads_per_chunk,
-    launch_config,
-)
-from mxattention.kernels.targets import current_target
+from mxattention.kernels.fused import fused_attention, scaled_operands
+from mxattention.kernels.plan import KernelPlan, plan_call, varlen_reason
 
 VARLEN_KERNEL_ENV = "MXATTENTION_VARLEN_KERNEL"
+
+__all__ = [
+    "VARLEN_KERNEL_ENV",
+    "fused_varlen_attention",
+    "per_sequence_attention",
+    "varlen_kernel_enabled",
+    "varlen_reason",
+]
 
 
 def varlen_kernel_enabled() -> bool:
@@ -66,16 +70,9 @@ def per_sequence_attention(
     `cu_q` / `cu_k`: the checked prefix sums as lists (`attention.varlen.seq_bounds`)."""
 
     def attend(qi, ki, vi):
-        return fused_attention(qi, ki, vi, cfg, is_causal=is_causal, scale=scale)
+        return fused_attention(qi, ki, vi, cfg, is_causal=is_causal, scale=scale)[:2]
 
     return per_sequence(q, k, v, cu_q, cu_k, attend)
-
-
-def varlen_reason(cfg: AttentionConfig) -> str | None:
-    """None if the varlen kernels serve `cfg` (beyond `fused.unsupported_reason`), else why not."""
-    if cfg.smooth_q:
-        return f"method {cfg.name!r} smooths Q, which the varlen kernels do not implement (dense calls do)"
-    return None
 
 
 def fused_varlen_attention(
@@ -96,50 +93,75 @@ def fused_varlen_attention(
     num_stages: int | None = None,
     kv_layout: str | None = None,
     kv_chunk_bytes: int | str | None = "auto",
+    plan: KernelPlan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(O [total_q, H, Dv] in q's dtype, lse [H, total_q] fp32) by the fused kernels.
+    """(O [total_q, H, Dv] in q's dtype, lse [H, total_q] fp32) by the one-launch varlen kernels,
+    as `plan` says (default: `plan.plan_call` of these arguments with `varlen`).
 
     `max_seqlen_*`: at least the longest sequence (they size the grids). Sequences with queries and
-    no keys give O = 0 and lse = -inf. The keyword arguments are `fused.fused_attention`'s.
+    no keys give O = 0 and lse = -inf. The keyword arguments are `fused.fused_attention`'s. Raises
+    ValueError with the plan's reason when the kernels cannot compute the call.
     """
     from mxattention.kernels.attention_fwd import mx_attention_fwd
-    from mxattention.kernels.prepass import padded_dim, prepass_qk, prepass_v, varlen_v_len
-    from mxattention.kernels.rules import rule_constants
+    from mxattention.kernels.prepass import prepass_qk, prepass_v
 
-    reason = varlen_reason(cfg)
-    if reason is not None:
-        raise ValueError(reason)
-    q, k, scale = kernel_scale(q, k, scale)  # scale <= 0 as the dense call: exact negation / zeroing
-    tq, hq, d = q.shape
+    if plan is None:
+        plan = plan_call(
+            cfg,
+            q,
+            k,
+            v,
+            scale=scale,
+            is_causal=is_causal,
+            varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+            matrix_path=matrix_path,
+            block_m=block_m,
+            num_warps=num_warps,
+            num_stages=num_stages,
+            kv_layout=kv_layout,
+            kv_chunk_bytes=kv_chunk_bytes,
+        )
+    if not plan.runs:
+        raise ValueError(plan.refusal)
+    q, k = scaled_operands(plan, q, k)  # scale <= 0 as the dense call: exact negation / zeroing
+    tq, hq, _ = q.shape
     tk, hk, dv = k.shape[0], k.shape[1], v.shape[2]
-    bm, path, layout, num_warps, num_stages, options = launch_config(
-        current_target(q.device), d, dv, matrix_path, block_m, kv_layout, num_warps, num_stages
-    )
-    bn, wide = cfg.block_n, layout == "bf16"
-    out_dtype = torch.float32 if kernels_interpreted() else q.dtype  # as fused_attention
+    bm, bn, wide, qe = plan.block_m, plan.block_n, plan.kv_layout == "bf16", plan.qk_elem
+    out_dtype = torch.float32 if plan.interpreted else q.dtype  # as fused_attention
     if tq == 0 or tk == 0:  # no rows, or no key for any row
         out = torch.zeros((tq, hq, dv), dtype=q.dtype, device=q.device)
         return out, torch.full((hq, tq), -float("inf"), device=q.device)
     # Every row is written: each sequence's programs cover its rows (max_seqlen_q >= its length).
     out = torch.empty((tq, hq, dv), dtype=out_dtype, device=q.device)
     lse = torch.empty((hq, tq), dtype=torch.float32, device=q.device)
-    pr = rule_constants(cfg.p.rule, cfg.p.elem)
     group = hq // hk
-    step = hk
-    if wide:
-        lvp = varlen_v_len(tk, cu_seqlens_k.numel() - 1)
-        step = kv_heads_per_chunk(1, hk, lvp, padded_dim(d), padded_dim(dv), kv_chunk_bytes)
-    step = max(1, min(step, GRID_Y_MAX // group))
-    for h0 in range(0, hk, step):
-        kv, qh = slice(h0, h0 + step), slice(h0 * group, (h0 + step) * group)
+    assert plan.fwd_kernel == "tl"  # the Gluon forward serves dense calls only
+    q_rule, k_rule, v_rule = plan.rules
+    for chunk in plan.chunks:
+        (h0, h1) = chunk.kv_heads
+        kv, qh = slice(h0, h1), slice(h0 * group, h1 * group)
         # [1, heads, total, D] views of the packed tensors: no copy.
         qx, kx, vx = (x[:, hs].permute(1, 0, 2)[None] for x, hs in ((q, qh), (k, kv), (v, kv)))
-        qe = cfg.q.elem
-        qp = prepass_qk(qx, cfg.q.rule, hadamard=cfg.hadamard, len_multiple=max(bm, 128), elem=qe)
-        kp = prepass_qk(
-            kx, cfg.k.rule, hadamard=cfg.hadamard, len_multiple=max(bn, 128), out_bf16=wide, elem=qe
+        qp = prepass_qk(
+            qx, q_rule, hadamard=plan.hadamard, len_multiple=max(bm, 128), elem=qe, pass_plan=chunk.q_pass
         )
-        vp = prepass_v(vx, cfg.v.rule, out_bf16=wide, varlen=(cu_seqlens_k, max_seqlen_k), elem=cfg.v.elem)
+        kp = prepass_qk(
+            kx,
+            k_rule,
+            hadamard=plan.hadamard,
+            len_multiple=max(bn, 128),
+            out_bf16=wide,
+            elem=qe,
+            pass_plan=chunk.k_pass,
+        )
+        vp = prepass_v(
+            vx,
+            v_rule,
+            out_bf16=wide,
+            varlen=(cu_seqlens_k, max_seqlen_k),
+            elem=plan.v_elem,
+            pass_plan=chunk.v_pass,
+        )
         lse[qh] = mx_attention_fwd(
             qp,
             kp,
@@ -149,20 +171,21 @@ def fused_varlen_attention(
             dv=dv,
             group=group,
             out=out[:, qh].permute(1, 0, 2)[None],
-            p_rule=(pr.ceil, pr.q_exp, pr.q_mant),
-            pnq=cfg.pnq,
+            p_rule=plan.p_rule,
+            pnq=plan.pnq,
             block_n=bn,
-            scale=scale,
+            scale=plan.scale,
             is_causal=is_causal,
-            matrix_path=path,
+            matrix_path=plan.matrix_path,
             block_m=bm,
-            num_warps=num_warps,
-            num_stages=num_stages,
-            compile_options=options,
+            num_warps=plan.num_warps,
+            num_stages=plan.num_stages,
+            compile_options=plan.compile_options,
             varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q),
-            p_elem=cfg.p.elem,
-            v_elem=cfg.v.elem,
+            p_elem=plan.p_elem,
+            v_elem=plan.v_elem,
             qk_elem=qe,
+            p_cvt=plan.p_cvt,
         )[0]
         del qp, kp, vp  # freed before the next group's pre-pass allocates
     return cast_output(out, q.dtype), lse  # the kernel saturates its own stores likewise

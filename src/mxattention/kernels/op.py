@@ -3,7 +3,8 @@
 Exposes `sdpa_op(query, key, value, attn_mask, is_causal, scale, enable_gqa, cfg_key)` (the op),
 `config_key(cfg)` / `config_from_key(key)` (an `AttentionConfig`, or a preset's name, as the op's
 string argument) and
-`kernel_plan(cfg, query, key, value, scale)` (None if the fused kernels run it, else the reason they do not),
+`kernel_plan(cfg, query, key, value, scale, ...)` (the call's `plan.KernelPlan`: its `reason` is None
+if the fused kernels run it, else why they do not),
 `InferenceOnlyError` and `no_backward` (the op that raises it when a backward reaches a 4-bit call).
 
 The choice between the fused kernels and the PyTorch reference happens inside the op at run time,
@@ -24,9 +25,9 @@ import torch
 
 from mxattention._callsite import warn_at_call_site
 from mxattention.attention.config import AttentionConfig, get_method
-from mxattention.attention.inputs import check_mask, check_qkv
 from mxattention.attention.sdpa import sdpa_reference
-from mxattention.kernels.fused import fused_attention, scale_reason, unsupported_reason
+from mxattention.kernels.fused import run_plan
+from mxattention.kernels.plan import KernelPlan, plan_call
 
 _WARNED: set[str] = set()
 
@@ -67,10 +68,19 @@ def config_from_key(key: str) -> AttentionConfig:
 
 
 def kernel_plan(
-    cfg: AttentionConfig, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
-) -> str | None:
-    """None if the fused kernels run this call, else why not (the config and inputs, then the scale)."""
-    return unsupported_reason(cfg, query, key.shape[-1], value.shape[-1]) or scale_reason(scale)
+    cfg: AttentionConfig,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    *,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    varlen: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
+) -> KernelPlan:
+    """The plan of this call (`plan.plan_call` with the default options): `.reason` is None if the
+    fused kernels run it, else why not (the config and inputs, then the scale, then varlen's own)."""
+    return plan_call(cfg, query, key, value, scale=scale, mask=mask, is_causal=is_causal, varlen=varlen)
 
 
 def _warn_once(reason: str) -> None:
@@ -127,16 +137,19 @@ def sdpa_op(
         return sdpa_reference(
             query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, method=cfg, return_lse=True
         )
-    reason = kernel_plan(cfg, query, key, value, scale)
-    if reason is not None:
-        _warn_once(reason)
+    # The arguments were checked once, by the caller (`dispatch.scaled_dot_product_attention`,
+    # attention.inputs): shapes agree, GQA divides, the mask broadcasts.
+    b, hq, lq, _ = query.shape
+    mask = None if attn_mask is None else attn_mask.expand(b, hq, lq, key.shape[2])
+    plan = kernel_plan(cfg, query, key, value, scale, mask=mask, is_causal=is_causal)
+    if plan.reason is not None:
+        _warn_once(plan.reason)
         out, lse = sdpa_reference(
             query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, method=cfg, return_lse=True
         )
         return out, lse
-    shapes = check_qkv(query, key, value, enable_gqa)
-    mask = check_mask(attn_mask, shapes, query, is_causal)
-    return fused_attention(query, key, value, cfg, mask=mask, is_causal=is_causal, scale=scale)
+    out, lse, _ = run_plan(plan, query, key, value, mask=mask, is_causal=is_causal)
+    return out, lse
 
 
 @sdpa_op.register_fake

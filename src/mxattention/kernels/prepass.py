@@ -28,17 +28,21 @@ masked out of the scores, padded head-dim columns are zeros on both sides of eve
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from mxattention.formats.constants import MX_BLOCK_SIZE
 from mxattention.formats.scale_rules import ScaleRule
-from mxattention.kernels import prepass_hopper
-from mxattention.kernels._triton import sm_count, tl, triton
+from mxattention.kernels import plan, prepass_hopper
+from mxattention.kernels._triton import tl, triton
 from mxattention.kernels.cast import bf16_pair_floats, cast_blocks, cast_packed, pack_nibbles
 from mxattention.kernels.hadamard import hadamard_rows
 from mxattention.kernels.rules import rule_constants
 from mxattention.rotation import rotation_block
+
+if TYPE_CHECKING:
+    from mxattention.kernels.plan import PassPlan
 
 
 def padded_dim(d: int) -> int:
@@ -318,37 +322,11 @@ PREPASS_TILES = {
     "v_packed": (64, 2),
     "v_256": (32, 4),
 }
-# The bf16 V^ pass with fewer programs than this per SM takes 2 warps per program (40 heads x 512
-# keys: 5.5 -> 4.4 us on the H200, benchmarks/results/raw/prepass_small_kv_v10_h200.json).
-V_SMALL_GRID_PER_SM = 8
-
-
-def _qk_row_layout(dp: int, out_bf16: bool) -> bool:
-    """The row-per-thread layout, except where its loads cost more than its instructions save
-    (bf16 output at DP = 128) or a row is too long for one thread's registers (DP = 256)."""
-    return dp <= 64 or (dp <= 128 and not out_bf16)
-
-
-def _bf16_pairs(x: torch.Tensor) -> bool:
-    """Whether x's rows can be read as int32 words of two bf16 elements (`_load_rows`)."""
-    strides_even = all(st % 2 == 0 for st in x.stride()[:-1])
-    aligned = x.data_ptr() % 4 == 0 and x.shape[-1] % 2 == 0
-    return x.dtype == torch.bfloat16 and x.stride(-1) == 1 and strides_even and aligned
 
 
 def fold_e_max(norm: float) -> int:
     """The largest block exponent e for which fp32(norm) * 2**-e is a normal fp32 (`cast.cast_packed`)."""
     return math.floor(126 + math.log2(float(torch.tensor(norm, dtype=torch.float32))))
-
-
-def _tile(key: str, lp: int) -> tuple[int, int]:
-    """(rows per program, warps) of PREPASS_TILES[key], halved until the rows divide lp."""
-    if lp % MX_BLOCK_SIZE:
-        raise ValueError(f"len_multiple must be a multiple of {MX_BLOCK_SIZE} (one MX block of keys)")
-    rows, warps = PREPASS_TILES[key]
-    while lp % rows:
-        rows, warps = rows // 2, max(1, warps // 2)
-    return rows, warps
 
 
 def _rule_args(rule: str | float | ScaleRule, elem: str = "e2m1") -> dict:
@@ -365,6 +343,7 @@ def prepass_qk(
     out_bf16: bool = False,
     elem: str = "e2m1",
     q_mean: tuple[torch.Tensor, int] | None = None,
+    pass_plan: PassPlan | None = None,
 ):
     """Rotate (optionally) and cast x [B, H, L, D] along D: (codes [B,H,Lp,Dp/2], scales [B,H,Lp,Dp/32]).
 
@@ -372,7 +351,8 @@ def prepass_qk(
     dequantized values instead, as one bf16 tensor [B, H, Lp, Dp] (exact: 2 significant bits each).
     `elem` "e4m3" (MXFP8): one code byte per element, codes [B, H, Lp, Dp]; bf16 values exact for
     block scales >= 2**-124 (`cast.dequant_e4m3`). `q_mean` = (qm [B, H, ceil(L / block), D] fp32,
-    block): Q smoothing, x - qm of each row's block before the rotation.
+    block): Q smoothing, x - qm of each row's block before the rotation. `pass_plan`: the kernel
+    and tiles (`plan.qk_pass`, which the default asks).
     """
     b, h, n, d = x.shape
     dp = padded_dim(d)
@@ -387,15 +367,22 @@ def prepass_qk(
         scales = torch.empty((b, h, lp, dp // MX_BLOCK_SIZE), dtype=torch.uint8, device=x.device)
     blk = rotation_block(d) if hadamard else 1  # raises the reference's error for an unsupported d
     levels, norm = blk.bit_length() - 1, 1.0 / math.sqrt(blk)
-    gluon = elem == "e2m1" and q_mean is None  # the Gluon passes: E2M1, no smoothing
-    if gluon and out_bf16 and prepass_hopper.usable(x, lp, hadamard):
-        if prepass_hopper.prepass_k_bf16(x, codes, lp, levels, norm, _rule_args(rule)):
+    if pass_plan is None:
+        pass_plan = plan.qk_pass(
+            x, lp, hadamard=hadamard, out_bf16=out_bf16, elem=elem, smoothed=q_mean is not None
+        )
+    if pass_plan.kernel == "gluon":  # False: this Triton cannot build it (warned once): the tl kernel
+        if out_bf16 and prepass_hopper.prepass_k_bf16(x, codes, lp, levels, norm, _rule_args(rule)):
             return codes
-    if gluon and not out_bf16 and prepass_hopper.usable_q(x, lp, hadamard):
-        if prepass_hopper.prepass_q_packed(x, codes, scales, lp, norm, fold_e_max(norm), _rule_args(rule)):
+        if not out_bf16 and prepass_hopper.prepass_q_packed(
+            x, codes, scales, lp, norm, fold_e_max(norm), _rule_args(rule)
+        ):
             return codes, scales
-    row_layout = _qk_row_layout(dp, out_bf16)
-    bl, warps = _tile("qk_rows" if row_layout else ("qk_tile" if dp <= 128 else "qk_tile_256"), lp)
+        pass_plan = plan.qk_pass(
+            x, lp, hadamard=hadamard, out_bf16=out_bf16, elem=elem, smoothed=q_mean is not None
+        )
+    row_layout = pass_plan.layout == "rows"
+    bl, warps = pass_plan.rows, pass_plan.warps
     _qk_prepass_kernel[(lp // bl, b * h)](
         x,
         codes,
@@ -413,7 +400,7 @@ def prepass_qk(
         ROT_NORM=norm,
         FOLD_E_MAX=fold_e_max(norm),
         OUT_BF16=out_bf16,
-        BF16_PAIRS=row_layout and _bf16_pairs(x),
+        BF16_PAIRS=pass_plan.bf16_pairs,
         ELEM=elem,
         QM=None if q_mean is None else q_mean[0],
         SMOOTH_BLOCK=0 if q_mean is None else q_mean[1],
@@ -431,6 +418,7 @@ def prepass_v(
     out_bf16: bool = False,
     varlen: tuple[torch.Tensor, int] | None = None,
     elem: str = "e2m1",
+    pass_plan: PassPlan | None = None,
 ):
     """Cast v [B, H, L, Dv] along the keys: (codes [B,H,Dvp,Lp/2], scales [B,H,Dvp,Lp/32]).
 
@@ -439,7 +427,8 @@ def prepass_v(
     E4M3 values are exact in bf16 for block scales >= 2**-124, `cast.dequant_e4m3`).
     `varlen` = (cu_seqlens_k, max_seqlen_k): v [1, H, total_k, Dv] is a packed batch whose blocks
     of 32 keys restart at every sequence; Lp = `varlen_v_len` and sequence i starts at row
-    `varlen_v_start` (its rows past its length rounded up to 32 are left unwritten).
+    `varlen_v_start` (its rows past its length rounded up to 32 are left unwritten). `pass_plan`:
+    the tiles (`plan.v_pass`, which the default asks).
     """
     b, h, n, d = v.shape
     dp = padded_dim(d)
@@ -452,11 +441,9 @@ def prepass_v(
             (b, h, dp, lp // (1 if elem == "e4m3" else 2)), dtype=torch.uint8, device=v.device
         )
         scales = torch.empty((b, h, dp, lp // MX_BLOCK_SIZE), dtype=torch.uint8, device=v.device)
-    key = "v_256" if dp > 128 else ("v_bf16" if out_bf16 else "v_packed")
-    bl, warps = _tile(key, lp)
-    if key == "v_bf16" and v.is_cuda:
-        if (lp // bl) * b * h < V_SMALL_GRID_PER_SM * sm_count(v.device):
-            warps = max(warps, 2)  # few programs (short keys): more warps each hide more of the latency
+    if pass_plan is None:
+        pass_plan = plan.v_pass(v, lp, out_bf16=out_bf16, elem=elem)
+    bl, warps = pass_plan.rows, pass_plan.warps
     cu, max_len = (v, n) if varlen is None else varlen
     num_seqs = 1 if varlen is None else cu.numel() - 1
     for seq0 in range(0, num_seqs, GRID_Z_MAX):

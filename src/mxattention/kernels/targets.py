@@ -4,8 +4,9 @@ Exposes `Target` (backend + architecture, as Triton's `GPUTarget`), `current_tar
 Triton reports for a torch device; None on the CPU interpreter), `native_mx(target)` /
 `matrix_path_for(target)` (where `tl.dot_scaled` on E2M1 is native and this Triton builds it:
 `NATIVE_MX_MIN_TRITON`), `FwdTiles` and `fwd_tiles(target, dp, ...)` (the attention kernel's tile
-config, read from the frozen table `FWD_TILES`), and `SHARED_BYTES` (per-block shared memory a
-launch may use).
+config, read from the frozen table `FWD_TILES`), `GLUON_FWD` (where the Gluon forward is the default),
+`hw_e4m3_cast` (`HW_E4M3_CAST`) and `SHARED_BYTES` (per-block shared memory a
+launch may use). `kernels.plan.plan_call` reads them all.
 
 The matrix path (docs/design.md, 'Kernel plan') is chosen by the architecture Triton reports,
 never by a CUDA capability number alone: ROCm's torch reports MI350 (gfx950) as capability 9.5,
@@ -160,6 +161,7 @@ HW_E4M3_CAST: frozenset[str] = frozenset({"sm_90"})
 # forward (`attention_fwd_hopper`) instead of the `tl` kernel by default. Empty until the H200 run
 # of tests/kernels/test_attention_fwd_hopper.py (bit-identical O and lse) and the benchmark are
 # checked; `fused_attention(..., fwd_kernel="gluon")` takes it explicitly meanwhile.
+# (`plan.plan_call` asks `attention_fwd_hopper.fwd_kernel_for`, which reads this.)
 GLUON_FWD: frozenset[str] = frozenset()
 
 

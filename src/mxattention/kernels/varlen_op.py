@@ -14,13 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from mxattention.attention.varlen import check_varlen, seq_bounds, varlen_reference
-from mxattention.kernels.fused_varlen import (
-    fused_varlen_attention,
-    per_sequence_attention,
-    varlen_kernel_enabled,
-    varlen_reason,
-)
+from mxattention.attention.varlen import VarlenShapes, seq_bounds, varlen_reference
+from mxattention.kernels.fused_varlen import fused_varlen_attention, per_sequence_attention
 from mxattention.kernels.op import _warn_once, config_from_key, kernel_plan, register_inference_only
 
 
@@ -39,17 +34,22 @@ def varlen_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(O [total_q, H, Dv] in q's dtype, lse [H, total_q] fp32) of the method `cfg_key` names."""
     cfg = config_from_key(cfg_key)
-    shapes = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    # The arguments were checked once, by `varlen.varlen_attention` (attention.varlen.check_varlen);
+    # the prefix sums' values can only be read here, in the op: seq_bounds checks them.
+    (tq, hq, d), (tk, hk, dv) = q.shape, (k.shape[0], k.shape[1], v.shape[2])
+    shapes = VarlenShapes(tq, tk, hq, hk, d, dv, cu_seqlens_q.numel() - 1)
     given = (None if max_seqlen_q < 0 else max_seqlen_q, None if max_seqlen_k < 0 else max_seqlen_k)
     cu_q, cu_k, max_q, max_k = seq_bounds(cu_seqlens_q, cu_seqlens_k, shapes, *given)
-    reason = kernel_plan(cfg, q, k, v, scale) or varlen_reason(cfg)  # as mxattention::sdpa
-    if reason is not None:
-        _warn_once(reason)
+    plan = kernel_plan(
+        cfg, q, k, v, scale, is_causal=is_causal, varlen=(cu_seqlens_q, cu_seqlens_k, max_q, max_k)
+    )
+    if plan.reason is not None:  # as mxattention::sdpa
+        _warn_once(plan.reason)
         return varlen_reference(q, k, v, cu_q, cu_k, cfg, is_causal=is_causal, scale=scale)
-    if not varlen_kernel_enabled():
+    if plan.varlen == "per_sequence":
         return per_sequence_attention(q, k, v, cu_q, cu_k, cfg, is_causal=is_causal, scale=scale)
     return fused_varlen_attention(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, cfg, is_causal=is_causal, scale=scale
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, cfg, is_causal=is_causal, scale=scale, plan=plan
     )
 
 

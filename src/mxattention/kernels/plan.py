@@ -1,0 +1,519 @@
+"""The kernel plan of one call: every choice its execution needs, made once, as frozen data.
+
+Exposes `plan_call(cfg, q, k, v, *, scale, ...) -> KernelPlan` (the one place a call's variant is
+decided; docs/design.md, 'Kernel plan'), `KernelPlan`, `PassPlan` (one pre-pass launch: `tl` or
+Gluon kernel, layout, tiles), `ChunkPlan` (a group of batches x KV heads run before the next group's
+operands exist), and the predicates and rules the plan is made of: `unsupported_reason`,
+`scale_reason`, `varlen_reason`, `launch_config`, `kv_heads_per_chunk`, `smoothing_heads_per_chunk`,
+`chunk_bytes`, `qk_pass` / `v_pass`,
+`default_matrix_path`, `cpu_kernels_requested` (and `fused_varlen.varlen_kernel_enabled`, which it asks).
+
+`fused.fused_attention` and `fused_varlen.fused_varlen_attention` execute a plan; the custom ops
+(`kernels.op`, `kernels.varlen_op`) ask `plan.reason` whether the kernels serve a call;
+`mxattention bench --plan` prints it. Per-architecture tuning is frozen data in `kernels.targets`
+(`FWD_TILES`, `HW_E4M3_CAST`, `GLUON_FWD`: read by `attention_fwd_hopper.fwd_kernel_for`) and `kernels.prepass` (`PREPASS_TILES`). The
+arguments are the caller's, checked once at the boundary (`attention.inputs`,
+`attention.varlen`); a plan checks only the kernel options (matrix path, K/V layout, chunk bytes).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from dataclasses import dataclass
+
+import torch
+
+from mxattention.attention.config import AttentionConfig
+from mxattention.kernels._triton import HAS_TRITON, kernels_interpreted, sm_count
+from mxattention.kernels.rules import KERNEL_ELEMS, rule_constants
+from mxattention.kernels.targets import Target, current_target, fwd_tiles, hw_e4m3_cast, matrix_path_for
+
+MAX_HEAD_DIM = 256
+MATRIX_PATHS = ("bf16", "dot_scaled")
+KV_LAYOUTS = ("packed", "bf16")
+FWD_KERNEL_NAMES = (
+    "tl",
+)  # the forward kernels `fused` can launch ("gluon": kernels/attention_fwd_hopper.py)
+CPU_KERNELS_ENV = "MXATTENTION_CPU_KERNELS"
+# The bf16 K^/V^ layout runs in head chunks whose K^ + V^ take at most max(this, the packed K/V bytes
+# of the whole call): extra memory stays within the packed operands plus a constant, and a chunk
+# still fills the GPU for many waves (benchmarks/NOTES.md, v6).
+KV_CHUNK_MIN_BYTES = 256 * 2**20
+# Every kernel launches (tiles, batch x heads): CUDA's second grid axis holds at most 65535, so a call
+# with more batch x heads runs in pieces of batches (and, past 65535 heads, of heads).
+GRID_Y_MAX = 65535
+LOG2E = 1.0 / math.log(2.0)
+F32_MAX = 3.4028234663852886e38
+# The bf16 V^ pass with fewer programs than this per SM takes 2 warps per program (40 heads x 512
+# keys: 5.5 -> 4.4 us on the H200, benchmarks/results/raw/prepass_small_kv_v10_h200.json).
+V_SMALL_GRID_PER_SM = 8
+
+
+def cpu_kernels_requested() -> bool:
+    """MXATTENTION_CPU_KERNELS=1 (with TRITON_INTERPRET=1) sends CPU tensors through the interpreted
+    kernels instead of the reference: a switch for tests and debugging, read at every call."""
+    return os.environ.get(CPU_KERNELS_ENV, "0") not in ("", "0")
+
+
+def _device_reason(query: torch.Tensor) -> str | None:
+    """Why the kernels cannot run where the tensors are (no Triton, not CUDA), else None."""
+    if not HAS_TRITON:
+        return "Triton is not installed (pip install 'mxattention[gpu]')"
+    if query.device.type != "cuda" and not (cpu_kernels_requested() and kernels_interpreted()):
+        return f"the tensors are on {query.device.type}, the fused kernels need CUDA"
+    return None
+
+
+def _config_reason(cfg: AttentionConfig, head_dim: int, v_dim: int) -> str | None:
+    """Why the kernels cannot compute `cfg` at these head dims, else None."""
+    specs = (cfg.q, cfg.k, cfg.v, cfg.p)
+    if any(s is None for s in specs):
+        return f"method {cfg.name!r} leaves an operand unquantized; the kernels quantize all of Q, K, V, P~"
+    if any(s.format == "nvfp4" for s in specs):
+        return f"method {cfg.name!r} uses NVFP4; NVFP4 baselines run on the PyTorch reference"
+    if any(s.elem not in KERNEL_ELEMS for s in specs) or cfg.q.elem != cfg.k.elem:
+        fmts = "/".join(s.format for s in specs)
+        return (
+            f"method {cfg.name!r} has Q/K/V/P~ formats {fmts}; the kernels compute MXFP4 or MXFP8 "
+            "E4M3 operands, Q and K in the same one"
+        )
+    if cfg.smooth_k or cfg.p_row_scale != 1.0:
+        return (
+            f"method {cfg.name!r} uses SageAttention's K smoothing or P~ row scale, which the kernels "
+            "do not implement"
+        )
+    if cfg.smooth_q and cfg.smooth_q_block % 128:
+        return f"smooth_q_block={cfg.smooth_q_block} is not a multiple of 128 (the kernels' query tiles)"
+    if cfg.block_n & (cfg.block_n - 1) or not 32 <= cfg.block_n <= 256:
+        return f"block_n={cfg.block_n} is not a power of two in [32, 256] (a Triton tile)"
+    if max(head_dim, v_dim) > MAX_HEAD_DIM:
+        return f"head dim {max(head_dim, v_dim)} > {MAX_HEAD_DIM}"
+    return None
+
+
+def unsupported_reason(cfg: AttentionConfig, query: torch.Tensor, head_dim: int, v_dim: int) -> str | None:
+    """None if the fused kernels compute `cfg` on these inputs, else a sentence saying why not."""
+    return _device_reason(query) or _config_reason(cfg, head_dim, v_dim)
+
+
+def scale_reason(scale: float) -> str | None:
+    """None if the kernel's fp32 constant |scale| * log2(e) is finite, else why the kernels cannot serve it."""
+    if not math.isfinite(scale) or abs(scale) * LOG2E > F32_MAX:
+        return f"scale={scale!r} is beyond the fused kernels' fp32 range (|scale| * log2(e) <= {F32_MAX:.3e})"
+    return None
+
+
+def varlen_reason(cfg: AttentionConfig) -> str | None:
+    """None if the varlen kernels serve `cfg` (beyond `unsupported_reason`), else why not."""
+    if cfg.smooth_q:
+        return f"method {cfg.name!r} smooths Q, which the varlen kernels do not implement (dense calls do)"
+    return None
+
+
+def _f32(x: float) -> float:
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def scale_plan(scale: float, q_numel: int, k_numel: int) -> tuple[str, float]:
+    """(operand change, kernel scale > 0) with the same scores Q^ K^ * scale: "" (none), "negate_q" /
+    "negate_k" (scale < 0: negation commutes with the rotation, the symmetric MX cast and the dot),
+    "zero_q" / "zero_k" (scale 0, or a constant scale * log2(e) that is 0 in fp32: times 0 and scale 1,
+    so a NaN / Inf operand still gives NaN, as the reference's (Q^ K^T) * 0 does). The smaller of Q
+    and K changes: one pass over it, only for scale <= 0."""
+    if scale > 0 and _f32(scale * LOG2E) > 0:
+        return "", scale
+    q_smaller = q_numel <= k_numel
+    if scale < 0 and _f32(-scale * LOG2E) > 0:
+        return ("negate_q" if q_smaller else "negate_k"), -scale
+    return ("zero_q" if q_smaller else "zero_k"), 1.0
+
+
+def default_matrix_path(device: torch.device) -> str:
+    """The matrix path on `device`: "dot_scaled" where Triton's target has native E2M1 MMAs (sm_100+,
+    gfx950) and on the interpreter, else "bf16" (`targets.matrix_path_for`)."""
+    return matrix_path_for(current_target(device))
+
+
+def launch_config(
+    target: Target | None,
+    d: int,
+    dv: int,
+    matrix_path: str | None = None,
+    block_m: int | None = None,
+    kv_layout: str | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> tuple[int, str, str, int, int, tuple[tuple[str, int], ...]]:
+    """(block_m, matrix path, K^/V^ layout, warps, stages, compile options) of a call on `target`
+    (`targets.current_target(device)`; None: the interpreter), the None arguments defaulted from
+    `targets.fwd_tiles` / `targets.matrix_path_for`: dense and varlen calls share them, so a varlen
+    call computes each sequence as the dense call of its rows does, bit for bit; `codegen` builds
+    the same launch offline."""
+    from mxattention.kernels.prepass import padded_dim
+
+    tiles = fwd_tiles(
+        target, padded_dim(max(d, dv)), block_m=block_m, num_warps=num_warps, num_stages=num_stages
+    )
+    path = matrix_path or matrix_path_for(target)
+    if path not in MATRIX_PATHS:
+        raise ValueError(f"matrix_path must be one of {MATRIX_PATHS}, got {path!r}")
+    layout = kv_layout or ("bf16" if path == "bf16" else "packed")
+    if layout not in KV_LAYOUTS:
+        raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {layout!r}")
+    if layout == "bf16" and path != "bf16":
+        raise ValueError("bf16 K^ / V^ operands need matrix_path='bf16'")
+    return tiles.block_m, path, layout, tiles.num_warps, tiles.num_stages, tiles.options
+
+
+def chunk_bytes(b: int, hk: int, lkp: int, dp: int, dvp: int, kv_chunk_bytes: int | str = "auto") -> int:
+    """The bytes a head chunk's buffers may take: `kv_chunk_bytes`, or for "auto"
+    max(KV_CHUNK_MIN_BYTES, the packed K/V bytes of the whole call)."""
+    if kv_chunk_bytes == "auto":
+        return max(KV_CHUNK_MIN_BYTES, int(b * hk * lkp * (dp + dvp) * (0.5 + 1 / 32)))
+    if isinstance(kv_chunk_bytes, bool) or not isinstance(kv_chunk_bytes, int) or kv_chunk_bytes <= 0:
+        raise ValueError(f"kv_chunk_bytes must be a positive int, 'auto' or None, got {kv_chunk_bytes!r}")
+    return kv_chunk_bytes
+
+
+def kv_heads_per_chunk(
+    b: int, hk: int, lkp: int, dp: int, dvp: int, kv_chunk_bytes: int | str | None = "auto"
+) -> int:
+    """KV heads per chunk of the bf16 layout (see `fused.fused_attention`'s `kv_chunk_bytes`),
+    balanced so the chunks are equal but for the last: ceil(hk / ceil(hk / most))."""
+    if kv_chunk_bytes is None:
+        return hk
+    per_head = 2 * b * lkp * (dp + dvp)  # bf16 K^ and V^ of one KV head, all batches
+    most = max(1, min(hk, chunk_bytes(b, hk, lkp, dp, dvp, kv_chunk_bytes) // per_head))
+    return -(-hk // -(-hk // most))
+
+
+def smoothing_heads_per_chunk(
+    b: int,
+    hk: int,
+    group: int,
+    nb: int,
+    lkp: int,
+    dp: int,
+    dvp: int,
+    kv_chunk_bytes: int | str | None = "auto",
+) -> int:
+    """KV heads per chunk of a Q-smoothing call: its correction, fp32 [B, group, nb, lkp] per KV
+    head (nb query blocks), takes at most the bytes K^ + V^ may (`kv_chunk_bytes`, see
+    `chunk_bytes`), at least one head. That bound grows with the packed K/V, so long calls keep
+    several heads per launch (at 75k a bound of 256 MiB left 1 head: 591 programs, 4.5 waves of
+    132 SMs, the last half empty); balanced as `kv_heads_per_chunk`."""
+    if kv_chunk_bytes is None:
+        return hk
+    most = max(1, min(hk, chunk_bytes(b, hk, lkp, dp, dvp, kv_chunk_bytes) // (4 * b * group * nb * lkp)))
+    return -(-hk // -(-hk // most))
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """One pre-pass launch: `kernel` "tl" (`prepass`) or "gluon" (`prepass_hopper`, sm_90, D 128;
+    a build failure there falls back to the `tl` kernel with one warning), `layout` of the `tl`
+    kernel ("rows": one row per thread, "tile", "keys": V's blocks along the keys; "" for Gluon),
+    `out` what it writes ("packed" E2M1 bytes, "e4m3" bytes, "bf16" values), `rows` per program,
+    `warps` per program, `bf16_pairs` (bf16 rows read as int32 pairs)."""
+
+    kernel: str
+    layout: str
+    out: str
+    rows: int = 0
+    warps: int = 0
+    bf16_pairs: bool = False
+
+    def __str__(self) -> str:
+        if self.kernel == "gluon":
+            return f"gluon -> {self.out}"
+        pairs = ", bf16 pairs" if self.bf16_pairs else ""
+        return f"tl {self.layout} {self.rows} x {self.warps} warps{pairs} -> {self.out}"
+
+
+def _bf16_pairs(x: torch.Tensor) -> bool:
+    """Whether x's rows can be read as int32 words of two bf16 elements (`prepass._load_rows`)."""
+    strides_even = all(st % 2 == 0 for st in x.stride()[:-1])
+    aligned = x.data_ptr() % 4 == 0 and x.shape[-1] % 2 == 0
+    return x.dtype == torch.bfloat16 and x.stride(-1) == 1 and strides_even and aligned
+
+
+def _tile(key: str, lp: int) -> tuple[int, int]:
+    """(rows per program, warps) of `prepass.PREPASS_TILES[key]`, halved until the rows divide lp."""
+    from mxattention.kernels import prepass
+
+    assert lp % 32 == 0, "the padded length holds whole MX blocks of 32"
+    rows, warps = prepass.PREPASS_TILES[key]
+    while lp % rows:
+        rows, warps = rows // 2, max(1, warps // 2)
+    return rows, warps
+
+
+def qk_pass(
+    x: torch.Tensor, lp: int, *, hadamard: bool, out_bf16: bool, elem: str, smoothed: bool
+) -> PassPlan:
+    """The Q^ / K^ pass of x [B, H, L, D] padded to lp rows: the Gluon kernels where
+    `prepass_hopper.usable` (bf16 K^) / `usable_q` (packed Q^) take x (E2M1, no smoothing), else the
+    `tl` kernel, with each row in one thread except where its loads cost more than its
+    instructions save (bf16 output at DP = 128) or a row is too long for one thread (DP = 256)."""
+    from mxattention.kernels import prepass_hopper
+    from mxattention.kernels.prepass import padded_dim
+
+    out = "bf16" if out_bf16 else ("e4m3" if elem == "e4m3" else "packed")
+    gluon = elem == "e2m1" and not smoothed
+    if gluon and out_bf16 and prepass_hopper.usable(x, lp, hadamard):
+        return PassPlan("gluon", "", out)
+    if gluon and not out_bf16 and prepass_hopper.usable_q(x, lp, hadamard):
+        return PassPlan("gluon", "", out)
+    dp = padded_dim(x.shape[-1])
+    row_layout = dp <= 64 or (dp <= 128 and not out_bf16)
+    rows, warps = _tile("qk_rows" if row_layout else ("qk_tile" if dp <= 128 else "qk_tile_256"), lp)
+    return PassPlan("tl", "rows" if row_layout else "tile", out, rows, warps, row_layout and _bf16_pairs(x))
+
+
+def v_pass(v: torch.Tensor, lp: int, *, out_bf16: bool, elem: str) -> PassPlan:
+    """The V^ pass of v [B, H, L, Dv] padded to lp keys: blocks of 32 keys in one thread's registers
+    up to Dvp 128 (a tile beyond), and for the bf16 output with fewer than V_SMALL_GRID_PER_SM
+    programs per SM (short keys) 2 warps per program: more warps each hide more of the latency."""
+    from mxattention.kernels.prepass import padded_dim
+
+    b, h = v.shape[0], v.shape[1]
+    dp = padded_dim(v.shape[-1])
+    out = "bf16" if out_bf16 else ("e4m3" if elem == "e4m3" else "packed")
+    key = "v_256" if dp > 128 else ("v_bf16" if out_bf16 else "v_packed")
+    rows, warps = _tile(key, lp)
+    if key == "v_bf16" and v.is_cuda and (lp // rows) * b * h < V_SMALL_GRID_PER_SM * sm_count(v.device):
+        warps = max(warps, 2)
+    return PassPlan("tl", "keys" if dp <= 128 else "tile", out, rows, warps)
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """Batches [b0, b1) x KV heads [h0, h1) (and their query heads): pre-pass and kernel run for one
+    chunk before the next chunk's operands exist; each pass as planned for the chunk's views."""
+
+    batches: tuple[int, int]
+    kv_heads: tuple[int, int]
+    q_pass: PassPlan
+    k_pass: PassPlan
+    v_pass: PassPlan
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """Everything the execution of one call needs (docs/design.md, 'Kernel plan').
+
+    `reason`: None if the kernels serve the call, else the sentence why not (the op then runs the
+    reference). A call the kernels cannot compute at all (the method, the scale, the head dim, no
+    Triton: `refusal`) has only `method`, `reason` and `refusal`; one refused only for where it runs
+    (no CUDA) is planned in full for the interpreter (target None), which `fused_attention` runs
+    when called directly.
+    """
+
+    method: str
+    reason: str | None = None
+    refusal: str | None = None  # why the kernels cannot compute the call wherever they run
+    target: Target | None = None
+    fwd_kernel: str = "tl"
+    matrix_path: str = ""
+    kv_layout: str = ""
+    block_m: int = 0
+    block_n: int = 0
+    num_warps: int = 0
+    num_stages: int = 0
+    compile_options: tuple[tuple[str, int], ...] = ()
+    qk_elem: str = ""
+    v_elem: str = ""
+    p_elem: str = ""
+    p_rule: tuple[bool, int, int] = (False, 0, 0)  # P~'s (CEIL, Q_EXP, Q_MANT) on p_elem
+    p_cvt: bool = False  # E4M3 P~ by the hardware cast (targets.HW_E4M3_CAST)
+    pnq: bool = False
+    hadamard: bool = False
+    rules: tuple = ("", "", "")  # Q, K, V shared-scale rules, as the config holds them
+    smooth_q_block: int = 0  # Q smoothing's block of queries, 0 for none
+    scale: float = 0.0  # the kernel's scale (> 0): scores are Q^ K^ * scale after `scale_op`
+    scale_op: str = ""  # "", "negate_q", "negate_k", "zero_q", "zero_k" (`scale_plan`)
+    lq_pad: int = 0  # Q^ rows per head (dense), a multiple of block_m
+    lk_pad: int = 0  # K^ rows per head (dense; varlen: V^ rows of its layout), a multiple of block_n
+    kv_heads_per_chunk: int = 0
+    batches_per_chunk: int = 0
+    chunks: tuple[ChunkPlan, ...] = ()
+    varlen: str = ""  # "" dense, "kernel" (one launch per 65535 sequences), "per_sequence" (dense calls)
+    debug_p: bool = False
+    interpreted: bool = False  # Triton's CPU interpreter: fp32 output buffer, torch's final cast
+
+    @property
+    def runs(self) -> bool:
+        """Whether the plan is complete (the kernels compute the call wherever they run)."""
+        return self.refusal is None
+
+    def describe(self) -> str:
+        """The plan in a few lines, for `mxattention bench --plan` and test failures."""
+        if not self.runs:
+            return f"plan of {self.method}: PyTorch reference: {self.reason}"
+        target = "Triton's interpreter" if self.interpreted else "no GPU target"
+        if self.target is not None:
+            target = self.target.name
+        head = f"plan of {self.method} on {target}: " + (
+            "fused kernels" if self.reason is None else f"PyTorch reference ({self.reason})"
+        )
+        opts = f", options {dict(self.compile_options)}" if self.compile_options else ""
+        ops = {"": "", "negate_q": ", Q negated", "negate_k": ", K negated"}
+        ops.update(zero_q=", Q times 0", zero_k=", K times 0")
+        lines = [
+            head,
+            f"  forward: {self.fwd_kernel} kernel, matrix path {self.matrix_path}, K^/V^ {self.kv_layout}",
+            f"  tiles: BM {self.block_m} x BN {self.block_n}, {self.num_warps} warps, "
+            f"{self.num_stages} stages{opts}",
+            f"  elements: Q^/K^ {self.qk_elem}, V^ {self.v_elem}, P~ {self.p_elem}"
+            f"{' (hardware cast)' if self.p_cvt else ''}, PNQ {self.pnq}, rotation {self.hadamard}, "
+            f"rules Q/K/V {'/'.join(map(str, self.rules))}",
+            f"  scale {self.scale!r}{ops[self.scale_op]}"
+            + (f", Q smoothing per {self.smooth_q_block} queries" if self.smooth_q_block else ""),
+        ]
+        if self.varlen:
+            lines.append(f"  varlen: {self.varlen.replace('_', ' ')}")
+        c0 = self.chunks[0] if self.chunks else None
+        if c0 is not None:
+            lines.append(
+                f"  chunks: {len(self.chunks)} of <= {self.batches_per_chunk} batches x "
+                f"{self.kv_heads_per_chunk} KV heads"
+            )
+            passes = dict.fromkeys((c.q_pass, c.k_pass, c.v_pass) for c in self.chunks)
+            for q, k, v in passes:
+                lines.append(f"  pre-pass: Q^ {q}; K^ {k}; V^ {v}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+def plan_call(
+    cfg: AttentionConfig,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    scale: float,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    varlen: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
+    matrix_path: str | None = None,
+    block_m: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    kv_layout: str | None = None,
+    kv_chunk_bytes: int | str | None = "auto",
+    fwd_kernel: str | None = None,
+    debug_p: bool = False,
+) -> KernelPlan:
+    """The plan of one call of `cfg` on checked inputs (see `fused.fused_attention` for the options).
+
+    Dense: query [B, Hq, Lq, D], key [B, Hkv, Lk, D], value [B, Hkv, Lk, Dv]. `varlen` =
+    (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) with flash-attn's packed layout
+    (query [total_q, Hq, D], ...). `mask` / `is_causal` (and `debug_p`, varlen) decide whether the
+    Gluon forward serves the call. Raises ValueError only for a bad kernel option.
+    """
+    d, dv = key.shape[-1], value.shape[-1]
+    device_reason = _device_reason(query)
+    refusal = _config_reason(cfg, d, dv) or scale_reason(scale)
+    if refusal is None and varlen is not None:
+        refusal = varlen_reason(cfg)
+    reason = device_reason or refusal
+    if refusal is not None or not HAS_TRITON:
+        return KernelPlan(cfg.name, reason, refusal or reason)
+    from mxattention.kernels import attention_fwd_hopper as fwd_hopper
+    from mxattention.kernels import fused_varlen
+    from mxattention.kernels.prepass import padded_dim, padded_len, varlen_v_len
+
+    target = current_target(query.device)
+    bm, path, layout, warps, stages, options = launch_config(
+        target, d, dv, matrix_path, block_m, kv_layout, num_warps, num_stages
+    )
+    bn, wide, qe = cfg.block_n, layout == "bf16", cfg.q.elem
+    scale_op, kscale = scale_plan(scale, query.numel(), key.numel())
+    # The forward kernel: "gluon" (attention_fwd_hopper) where targets.GLUON_FWD lists the family
+    # and the Gluon kernel serves the call, or where asked for (raises if it cannot run), else "tl".
+    gluon_reason = fwd_hopper.gluon_fwd_reason(
+        kv_bf16=wide, dq=d, dv=dv, block_n=bn, is_causal=is_causal, masked=mask is not None,
+        varlen=varlen is not None, debug_p=debug_p, smooth_q=cfg.smooth_q, p_elem=cfg.p.elem,
+        qk_elem=qe, scale=kscale,
+    )  # fmt: skip
+    fwd = fwd_hopper.fwd_kernel_for(target, gluon_reason, fwd_kernel)
+    dp, dvp = padded_dim(d), padded_dim(dv)
+    if varlen is None:
+        b, hq, lq = query.shape[:3]
+        hk, lk = key.shape[1], key.shape[2]
+        lqp, lkp = padded_len(lq, max(bm, 128)), padded_len(lk, max(bn, 128))
+        lvp = lkp
+    else:
+        b, (lq, hq), (lk, hk) = 1, query.shape[:2], key.shape[:2]
+        lqp, lkp = padded_len(lq, max(bm, 128)), padded_len(lk, max(bn, 128))
+        lvp = varlen_v_len(lk, varlen[1].numel() - 1)
+    group = hq // hk
+    step = hk
+    if wide:
+        step = kv_heads_per_chunk(b, hk, lvp if varlen is not None else lkp, dp, dvp, kv_chunk_bytes)
+    blk = cfg.smooth_q_block if cfg.smooth_q else 0
+    if blk:  # the correction's fp32 [B, group, ceil(Lq / blk), Lk'] per KV head, bounded too
+        step = min(step, smoothing_heads_per_chunk(b, hk, group, -(-lq // blk), lkp, dp, dvp, kv_chunk_bytes))
+    step = max(1, min(step, GRID_Y_MAX // group))  # query heads of one KV head and one batch fit
+    bstep = max(1, GRID_Y_MAX // (step * group))
+    chunks = []
+    for b0 in range(0, b, bstep):
+        for h0 in range(0, hk, step):
+            bs, kv = slice(b0, b0 + bstep), slice(h0, h0 + step)
+            qh = slice(h0 * group, (h0 + step) * group)
+            if varlen is None:
+                qx, kx, vx = query[bs, qh], key[bs, kv], value[bs, kv]
+            else:  # the [1, heads, total, D] views the varlen passes read
+                qx, kx, vx = (
+                    x[:, hs].permute(1, 0, 2)[None] for x, hs in ((query, qh), (key, kv), (value, kv))
+                )
+            chunks.append(
+                ChunkPlan(
+                    (b0, min(b, b0 + bstep)),
+                    (h0, min(hk, h0 + step)),
+                    qk_pass(qx, lqp, hadamard=cfg.hadamard, out_bf16=False, elem=qe, smoothed=blk > 0),
+                    qk_pass(kx, lkp, hadamard=cfg.hadamard, out_bf16=wide, elem=qe, smoothed=False),
+                    v_pass(vx, lvp, out_bf16=wide, elem=cfg.v.elem),
+                )
+            )
+    pr = rule_constants(cfg.p.rule, cfg.p.elem)
+    return KernelPlan(
+        cfg.name,
+        reason,
+        None,
+        target,
+        fwd_kernel=fwd,
+        matrix_path=path,
+        kv_layout=layout,
+        block_m=bm,
+        block_n=bn,
+        num_warps=warps,
+        num_stages=stages,
+        compile_options=options,
+        qk_elem=qe,
+        v_elem=cfg.v.elem,
+        p_elem=cfg.p.elem,
+        p_rule=(pr.ceil, pr.q_exp, pr.q_mant),
+        # E4M3 P~ by the hardware cast only where it was checked equal (targets.HW_E4M3_CAST).
+        p_cvt=cfg.p.elem == "e4m3" and hw_e4m3_cast(target),
+        pnq=cfg.pnq,
+        hadamard=cfg.hadamard,
+        rules=(cfg.q.rule, cfg.k.rule, cfg.v.rule),
+        smooth_q_block=blk,
+        scale=kscale,
+        scale_op=scale_op,
+        lq_pad=lqp,
+        lk_pad=lkp if varlen is None else lvp,
+        kv_heads_per_chunk=step,
+        batches_per_chunk=bstep,
+        chunks=tuple(chunks),
+        varlen=""
+        if varlen is None
+        else ("kernel" if fused_varlen.varlen_kernel_enabled() else "per_sequence"),
+        debug_p=debug_p,
+        interpreted=kernels_interpreted(),
+    )

@@ -1,0 +1,184 @@
+"""The kernel plan (`kernels.plan`): one frozen object per call, built from the frozen target tables,
+holding the reason the kernels refuse a call in today's words; one return type for `fused_attention`;
+the P~-uncast timing variant in the benchmark, not in the kernel."""
+
+import dataclasses
+import importlib.util
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+
+from mxattention.attention.config import get_method
+from mxattention.kernels import attention_fwd, fused, plan, targets
+from mxattention.kernels.fused import FusedOutput, fused_attention
+
+from .helpers import qkv
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _on(monkeypatch, target):
+    """Plans made as on a GPU of `target` (the tensors stay where they are)."""
+    monkeypatch.setattr(plan, "current_target", lambda device: target)
+
+
+def test_plan_is_frozen_and_read_from_the_target_tables(monkeypatch):
+    q, k, v = qkv(2, 8, 4, 300, 200, 128)
+    _on(monkeypatch, targets.SM_90A)
+    p = plan.plan_call(get_method("mxattention-pv8"), q, k, v, scale=-0.1)
+    tiles = targets.fwd_tiles(targets.SM_90A, 128)
+    assert (p.matrix_path, p.kv_layout, p.fwd_kernel) == ("bf16", "bf16", "tl")
+    assert (p.block_m, p.block_n, p.num_warps, p.num_stages) == (
+        tiles.block_m,
+        128,
+        tiles.num_warps,
+        tiles.num_stages,
+    )
+    assert (p.qk_elem, p.v_elem, p.p_elem) == ("e2m1", "e4m3", "e4m3")
+    assert p.p_cvt  # sm_90 is in HW_E4M3_CAST
+    assert (p.scale, p.scale_op) == (0.1, "negate_k")  # K (4 heads) is the smaller operand
+    assert (p.lq_pad, p.lk_pad) == (384, 256)
+    assert [(c.batches, c.kv_heads) for c in p.chunks] == [((0, 2), (0, 4))]
+    c = p.chunks[0]
+    assert (c.q_pass.kernel, c.q_pass.layout, c.q_pass.out) == ("tl", "rows", "packed")  # no Gluon off CUDA
+    assert (c.k_pass.layout, c.k_pass.out, c.v_pass.out) == ("tile", "bf16", "bf16")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.block_m = 64
+    monkeypatch.setattr(targets, "HW_E4M3_CAST", frozenset())
+    assert not plan.plan_call(get_method("mxattention-pv8"), q, k, v, scale=0.1).p_cvt
+    _on(monkeypatch, targets.SM_100A)
+    monkeypatch.setattr(targets, "triton_version", lambda: (3, 9))
+    p = plan.plan_call(get_method("mxattention"), q, k, v, scale=0.1)
+    assert (p.matrix_path, p.kv_layout, p.p_cvt, p.scale_op) == ("dot_scaled", "packed", False, "")
+
+
+def test_forward_kernel_is_chosen_in_the_plan(monkeypatch):
+    """The plan's fwd_kernel: "gluon" where targets.GLUON_FWD lists the family and the Gluon forward
+    serves the call (dense, unmasked, bf16 layout, D 128), else "tl"; an explicit choice it cannot
+    serve raises."""
+    from mxattention.kernels import attention_fwd_hopper as hopper
+
+    if not hopper.HAS_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    q, k, v = qkv(1, 2, 2, 64, 64, 128)
+    cfg = get_method("mxattention")
+    _on(monkeypatch, targets.SM_90A)
+    assert plan.plan_call(cfg, q, k, v, scale=0.1).fwd_kernel == "tl"  # GLUON_FWD empty today
+    monkeypatch.setattr(targets, "GLUON_FWD", frozenset({"sm_90"}))
+    assert plan.plan_call(cfg, q, k, v, scale=0.1).fwd_kernel == "gluon"
+    assert plan.plan_call(cfg, q, k, v, scale=0.1, is_causal=True).fwd_kernel == "tl"
+    assert plan.plan_call(cfg, q, k, v, scale=0.1, debug_p=True).fwd_kernel == "tl"
+    assert plan.plan_call(cfg, q, k, v, scale=0.1, kv_layout="packed").fwd_kernel == "tl"
+    assert plan.plan_call(cfg, q, k, v, scale=0.1, fwd_kernel="tl").fwd_kernel == "tl"
+    with pytest.raises(ValueError, match="fwd_kernel='gluon' cannot serve"):
+        plan.plan_call(cfg, q, k, v, scale=0.1, is_causal=True, fwd_kernel="gluon")
+
+
+def test_reasons_in_todays_words(monkeypatch):
+    """plan.reason is what unsupported_reason, then scale_reason, then varlen_reason say; a plan the
+    kernels cannot compute has nothing else, and fused_attention raises its reason."""
+    monkeypatch.setenv("MXATTENTION_CPU_KERNELS", "1")
+    q, k, v = qkv(1, 2, 2, 16, 16, 64)
+    for name, scale in (("nvfp4", 0.1), ("fp", 0.1), ("mxattention", float("inf"))):
+        cfg = get_method(name)
+        p = plan.plan_call(cfg, q, k, v, scale=scale)
+        want = fused.unsupported_reason(cfg, q, 64, 64) or fused.scale_reason(scale)
+        assert p.reason == want and want and not p.runs
+        assert p.describe() == f"plan of {name}: PyTorch reference: {want}"
+        with pytest.raises(ValueError) as err:
+            fused_attention(q, k, v, cfg, scale=scale)
+        assert str(err.value) == want
+    smooth = get_method("mxattention-pv8-smooth")
+    cu = torch.tensor([0, 16], dtype=torch.int32)
+    pv = plan.plan_call(
+        smooth,
+        q[0].transpose(0, 1),
+        k[0].transpose(0, 1),
+        v[0].transpose(0, 1),
+        scale=0.1,
+        varlen=(cu, cu, 16, 16),
+    )
+    assert pv.reason == plan.varlen_reason(smooth) and not pv.runs
+    monkeypatch.delenv("MXATTENTION_CPU_KERNELS")
+    p = plan.plan_call(get_method("mxattention"), q, k, v, scale=0.1)
+    # Refused for where it runs only: planned in full, so fused_attention can run it directly.
+    assert p.reason == "the tensors are on cpu, the fused kernels need CUDA" and p.runs
+    with pytest.raises(ValueError, match="kv_layout must be one of"):
+        plan.plan_call(get_method("mxattention"), q, k, v, scale=0.1, kv_layout="fp8")
+
+
+def test_describe_names_the_choices(monkeypatch):
+    q, k, v = qkv(1, 4, 2, 100, 100, 64)
+    _on(monkeypatch, targets.SM_90A)
+    text = str(plan.plan_call(get_method("mxattention-pv8-smooth"), q, k, v, scale=0.0))
+    for part in (
+        "sm_90a",
+        "tl kernel",
+        "matrix path bf16",
+        "K^/V^ bf16",
+        "BM 128 x BN 128",
+        "P~ e4m3 (hardware cast)",
+    ):
+        assert part in text, (part, text)
+    assert "K times 0" in text and "Q smoothing per 128 queries" in text and "pre-pass: Q^ tl rows" in text
+
+
+def test_one_return_type(device):
+    q, k, v = (t.to(device) for t in qkv(1, 2, 1, 40, 50, 64, seed=3))
+    cfg = get_method("mxattention")
+    plain = fused_attention(q, k, v, cfg, scale=0.125)
+    debug = fused_attention(q, k, v, cfg, scale=0.125, debug_p=True)
+    assert type(plain) is type(debug) is FusedOutput and plain.p_hat is None
+    assert debug.p_hat.shape == (1, 2, 40, 128)
+    assert torch.equal(plain.out, debug.out) and torch.equal(plain.lse, debug.lse)
+    # A plan made once runs again the same: the op's way (kernel_plan, then run_plan).
+    p = plan.plan_call(cfg, q, k, v, scale=0.125)
+    again = fused.run_plan(p, q, k, v)
+    assert torch.equal(again.out, plain.out) and torch.equal(again.lse, plain.lse)
+
+
+def test_no_experiment_switch_in_the_kernel():
+    assert "ABLATE" not in inspect.getsource(attention_fwd)
+    assert "ablate" not in inspect.signature(attention_fwd.fwd_calls).parameters
+
+
+def test_benchmark_uncast_variant(device):
+    """benchmarks/bench_attention.py's kernel without the P~ cast computes softmax(Q^ K^T s) V^
+    (its own build: the production kernel still casts)."""
+    from mxattention.formats import fake_quantize
+    from mxattention.kernels.prepass import prepass_qk, prepass_v
+    from mxattention.kernels.rules import rule_constants
+    from mxattention.rotation import rotate
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_attention", ROOT / "benchmarks" / "bench_attention.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    q, k, v = (t.to(device) for t in qkv(1, 2, 2, 100, 100, 64, seed=5))
+    ops = (
+        prepass_qk(q, "uos", hadamard=True),
+        prepass_qk(k, "uos", hadamard=True, out_bf16=True),
+        prepass_v(v, "uos", out_bf16=True),
+    )
+    pr = rule_constants("uos")
+    outs = []
+    for uncast in (True, False):
+        out = torch.empty(1, 2, 100, 64, device=device)
+        kw = dict(
+            lq=100, lk=100, dv=64, group=1, out=out, p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=True,
+            block_n=128, scale=0.125, matrix_path="bf16", block_m=128, num_warps=8, num_stages=3,
+        )  # fmt: skip
+        if uncast:
+            bench.launch_variant(bench.uncast_kernel(), attention_fwd.fwd_calls(*ops, **kw)[1])
+        else:
+            attention_fwd.mx_attention_fwd(*ops, **kw)
+        outs.append(out.cpu())
+    qh, kh = (fake_quantize(rotate(x.cpu().float()), -1, rule="uos") for x in (q, k))
+    exact = torch.softmax(qh @ kh.transpose(-1, -2) * 0.125, -1) @ fake_quantize(
+        v.cpu().float(), -2, rule="uos"
+    )
+    assert (outs[0] - exact).abs().max() < 1e-5
+    assert (outs[1] - exact).abs().max() > 1e-2  # the production kernel casts P~

@@ -60,6 +60,14 @@ def test_generation_is_deterministic_per_seed(reference_maps: torch.Tensor) -> N
     assert reference_maps.amin() == 0.0 and reference_maps.amax() <= terrain.HEIGHT_RANGE_M
 
 
+def test_denoise_seeds_is_the_model_space_of_the_heightmaps(reference_maps: torch.Tensor) -> None:
+    model_space = terrain.denoise_seeds(SEEDS)
+    assert model_space.shape == (2, 1, 128, 128) and model_space.amin() < 0 < model_space.amax()
+    assert torch.equal(terrain.heights_from_model_space(model_space), reference_maps)
+    with pytest.raises(ValueError, match="seeds must not be empty"):
+        terrain.denoise_seeds([])
+
+
 def test_routing_is_real(reference_maps: torch.Tensor) -> None:
     def values_only(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         return v  # skips the softmax mixing entirely

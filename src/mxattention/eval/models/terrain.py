@@ -1,6 +1,6 @@
 """The heightmap UNet of ``adaptive-terrain-diffusion`` in PyTorch, attention routed through any ``AttnFn``.
 
-Public: ``terrain_onnx_path``, ``load_terrain_unet``, ``count_attention_layers``, ``denoise``,
+Public: ``terrain_onnx_path``, ``load_terrain_unet``, ``count_attention_layers``, ``denoise``, ``denoise_seeds``,
 ``generate_heightmaps``, ``capture_terrain_qkv``, ``heights_from_model_space`` and the sampler constants.
 
 The package ships a consistency-distilled UNet (10.5M parameters, 128x128 heightmaps) as ONNX (opset 18)
@@ -356,6 +356,36 @@ def heights_from_model_space(values: torch.Tensor, zero_floor: bool = True) -> t
     return heights
 
 
+def denoise_seeds(
+    seeds: Sequence[int],
+    attn_fn: AttnFn | None = None,
+    difficulty: int | None = None,
+    batch_size: int = 1,
+) -> torch.Tensor:
+    """The denoised maps [N, 1, 128, 128] fp32 in model space (about [-1, 1]), one per seed, before
+    ``heights_from_model_space``; ``generate_heightmaps`` documents the sampling and the arguments."""
+    if not seeds:
+        raise ValueError("seeds must not be empty")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    outputs = []
+    for start in range(0, len(seeds), batch_size):
+        chunk = seeds[start : start + batch_size]
+        rngs = [np.random.default_rng(seed) for seed in chunk]
+        labels = torch.tensor(
+            [
+                difficulty_label(int(rng.integers(1, NUM_CLASSES + 1)) if difficulty is None else difficulty)
+                for rng in rngs
+            ],
+            dtype=torch.float32,
+        )
+        shape = (1, 1, NATIVE_SIZE, NATIVE_SIZE)
+        noise = np.concatenate([rng.standard_normal(shape, dtype=np.float32) for rng in rngs])
+        noisy = torch.from_numpy(noise * np.float32(SIGMA_MAX))
+        outputs.append(denoise(noisy, torch.full((len(chunk),), SIGMA_MAX), labels, attn_fn))
+    return torch.cat(outputs)
+
+
 def generate_heightmaps(
     seeds: Sequence[int],
     attn_fn: AttnFn | None = None,
@@ -376,27 +406,7 @@ def generate_heightmaps(
     """
     if steps != DEFAULT_STEPS:
         raise ValueError(f"the distilled terrain model samples in exactly {DEFAULT_STEPS} step, got {steps}")
-    if not seeds:
-        raise ValueError("seeds must not be empty")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    outputs = []
-    for start in range(0, len(seeds), batch_size):
-        chunk = seeds[start : start + batch_size]
-        rngs = [np.random.default_rng(seed) for seed in chunk]
-        labels = torch.tensor(
-            [
-                difficulty_label(int(rng.integers(1, NUM_CLASSES + 1)) if difficulty is None else difficulty)
-                for rng in rngs
-            ],
-            dtype=torch.float32,
-        )
-        shape = (1, 1, NATIVE_SIZE, NATIVE_SIZE)
-        noise = np.concatenate([rng.standard_normal(shape, dtype=np.float32) for rng in rngs])
-        noisy = torch.from_numpy(noise * np.float32(SIGMA_MAX))
-        denoised = denoise(noisy, torch.full((len(chunk),), SIGMA_MAX), labels, attn_fn)
-        outputs.append(heights_from_model_space(denoised))
-    return torch.cat(outputs)
+    return heights_from_model_space(denoise_seeds(seeds, attn_fn, difficulty, batch_size))
 
 
 def capture_terrain_qkv(

@@ -83,3 +83,34 @@ def test_dit_like_has_outliers_and_offsets():
     ch_scale = k.std(dim=-2).amax(dim=-1) / k.std(dim=-2).median(dim=-1).values
     assert (ch_scale > 3).all()  # outlier channels
     assert (k.mean(dim=-2).abs().amax(dim=-1) > 1).all()  # per-channel offsets
+
+
+def test_report_gives_the_standard_error_of_paired_seeds(tmp_path, monkeypatch):
+    # pv8 - mxattention per seed: +1, +5, +3, +7 dB -> mean +4, sd sqrt(20/3), SE 1.29.
+    per_seed = {"mxattention": [40.0, 40.0, 40.0, 40.0], "mxattention-pv8": [41.0, 45.0, 43.0, 47.0]}
+
+    def fake(methods, seeds):
+        q = {}
+        for m in methods:
+            ps = per_seed.get(m, [float("inf")] * 4 if m == "fp" else [50.0] * 4)
+            q[m] = {"psnr_db": sum(ps) / 4, "ssim": 0.99, "psnr_per_seed": ps}
+        return {"seeds": list(seeds), "quality": q, "layer_rel_l2": {m: 0.1 for m in methods}}, [_layer(0)]
+
+    def fake_minilm(methods, n):
+        return {
+            "texts": n,
+            "embedding_cosine": {m: 0.99 for m in methods},
+            "layer_rel_l2": {m: 0.1 for m in methods},
+        }, []
+
+    monkeypatch.setattr(ladder, "terrain", fake)
+    monkeypatch.setattr(ladder, "minilm", fake_minilm)
+    monkeypatch.setattr(
+        ladder, "dit_like_qkv", functools.partial(ladder.dit_like_qkv, h=1, lq=40, lk=72, d=64)
+    )
+    methods = ["fp", "mxattention", "mxattention-pv8", "mxattention-pv8-smooth", "nvfp4-sage"]
+    ladder.run(tmp_path, n_texts=2, seeds=[0, 1, 2, 3], methods=methods)
+    md = (tmp_path / "ladder.md").read_text()
+    assert "| +4.00 +- 1.29 (+1.0, +5.0, +3.0, +7.0) |" in md  # the pieces table
+    assert "on terrain: +4.00 +- 1.29 dB (target >= +6 dB)" in md
+    assert "on terrain: +0.00 +- 0.00 dB (target >= -2 dB)" in md  # equal per seed: no spread

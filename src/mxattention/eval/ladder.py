@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import platform
 import statistics
 import sys
@@ -29,6 +30,7 @@ import torch
 from mxattention.attention.config import PRESETS, AttentionConfig, QuantSpec
 from mxattention.eval.diagnostics import method_errors
 from mxattention.eval.diagnostics.qsweep import ladder_q_grid, q_sweep
+from mxattention.eval.ladder_trace import paired_stats
 from mxattention.eval.study import attn_fn_for, heightmap_quality
 from mxattention.formats.ladders import LADDERS
 from mxattention.theory import optimal_boundary
@@ -220,6 +222,19 @@ def _bins(offsets: list[int]) -> list[str]:
     return [f"{100 * c / n:.0f}" for c in share]
 
 
+def _paired(t: dict, a: str, b: str) -> list[float]:
+    """Per-seed terrain PSNR differences a - b (dB)."""
+    qa, qb = t["quality"][a]["psnr_per_seed"], t["quality"][b]["psnr_per_seed"]
+    return [x - y for x, y in zip(qa, qb, strict=True)]
+
+
+def _se(diffs: Sequence[float]) -> str:
+    """' +- SE' of paired differences (sd / sqrt(n)); empty below 2 finite ones (fp's inf PSNR has none)."""
+    if len(diffs) < 2 or not all(math.isfinite(d) for d in diffs):
+        return ""
+    return f" +- {paired_stats(diffs)['se']:.2f}"
+
+
 def render_markdown(res: dict) -> str:
     meta, t, m, dit = res["meta"], res["terrain"], res["minilm"], res["dit_like"]
     methods = list(t["quality"])
@@ -271,7 +286,8 @@ def render_markdown(res: dict) -> str:
             "",
             "## Each new piece: with against without",
             "",
-            "Terrain: PSNR difference (dB, mean over the seeds; per seed in brackets); MiniLM: embedding cosine to fp; "
+            "Terrain: PSNR difference (dB, mean over the seeds +- the standard error of the paired per-seed "
+            "differences, with two or more seeds; per seed in brackets); MiniLM: embedding cosine to fp; "
             "DiT-like: rel-L2. `helps` says where the piece is better (T terrain, M MiniLM, D DiT-like).",
             "",
         ]
@@ -293,7 +309,7 @@ def render_markdown(res: dict) -> str:
                 [
                     what,
                     f"`{with_}` vs `{without}`",
-                    f"{psnr[with_] - psnr[without]:+.2f} ({', '.join(f'{d:+.1f}' for d in d_seed)})",
+                    f"{psnr[with_] - psnr[without]:+.2f}{_se(d_seed)} ({', '.join(f'{d:+.1f}' for d in d_seed)})",
                     f"{cos[with_]:.6f} / {cos[without]:.6f}",
                     f"{dit['rel_l2'][with_]:.4f} / {dit['rel_l2'][without]:.4f}",
                     "all" if len(helps) == 3 else (helps or "none"),
@@ -307,10 +323,13 @@ def render_markdown(res: dict) -> str:
             "",
             "Targets (issue 16):",
             "",
-            f"- `mxattention-pv8` over `mxattention` on terrain: {psnr['mxattention-pv8'] - psnr['mxattention']:+.2f} dB "
-            "(target >= +6 dB).",
+            f"- `mxattention-pv8` over `mxattention` on terrain: {psnr['mxattention-pv8'] - psnr['mxattention']:+.2f}"
+            f"{_se(_paired(t, 'mxattention-pv8', 'mxattention'))} dB (target >= +6 dB); this difference moves by "
+            "several dB from seed to seed: ladder_trace.md (`python -m mxattention.eval.ladder_trace`) measures "
+            "it on more seeds and says why.",
             f"- `mxattention-pv8-smooth` against `nvfp4-sage` on terrain: "
-            f"{psnr['mxattention-pv8-smooth'] - psnr['nvfp4-sage']:+.2f} dB (target >= -2 dB); on MiniLM: cosine "
+            f"{psnr['mxattention-pv8-smooth'] - psnr['nvfp4-sage']:+.2f}"
+            f"{_se(_paired(t, 'mxattention-pv8-smooth', 'nvfp4-sage'))} dB (target >= -2 dB); on MiniLM: cosine "
             f"{cos['mxattention-pv8-smooth']:.5f} vs {cos['nvfp4-sage']:.5f} (target: above).",
         ]
     out += [

@@ -497,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--render-only",
         action="store_true",
-        help="run nothing: rewrite ladder_trace.md and .png from --out/ladder_trace.json",
+        help="run nothing: recompute the summary of --out/ladder_trace.json, rewrite it, the .md and the .png",
     )
     args = p.parse_args(argv)
     if args.render_only:
@@ -505,7 +505,8 @@ def main(argv: list[str] | None = None) -> int:
         if not src.is_file():
             p.error(f"--render-only: {src} does not exist")
         res = json.loads(src.read_text())
-        res["summary"] = summarize(res["per_seed"])
+        res["summary"] = summarize(res["per_seed"])  # the summary is derived: refresh it
+        src.write_text(json.dumps(res, indent=1))
         (args.out / "ladder_trace.md").write_text(render_markdown(res))
         plot(res, args.out / "ladder_trace.png")
         print((args.out / "ladder_trace.md").read_text())

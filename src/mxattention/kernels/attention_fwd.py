@@ -56,9 +56,9 @@ from mxattention.kernels.cast import (
     inv_exp2,
     pack_nibbles,
 )
-from mxattention.kernels.plan import MATRIX_PATHS
 from mxattention.kernels.prepass import varlen_v_start
 from mxattention.kernels.rules import KERNEL_ELEMS
+from mxattention.kernels.targets import MATRIX_PATHS
 
 LOG2E = 1.0 / math.log(2.0)
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2

@@ -114,6 +114,7 @@ def fused_varlen_attention(
             scale=scale,
             is_causal=is_causal,
             varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+            varlen_kernel=True,
             matrix_path=matrix_path,
             block_m=block_m,
             num_warps=num_warps,

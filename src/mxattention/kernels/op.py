@@ -77,10 +77,22 @@ def kernel_plan(
     mask: torch.Tensor | None = None,
     is_causal: bool = False,
     varlen: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
+    varlen_kernel: bool = True,
 ) -> KernelPlan:
     """The plan of this call (`plan.plan_call` with the default options): `.reason` is None if the
-    fused kernels run it, else why not (the config and inputs, then the scale, then varlen's own)."""
-    return plan_call(cfg, query, key, value, scale=scale, mask=mask, is_causal=is_causal, varlen=varlen)
+    fused kernels run it, else why not (the config and inputs, then the scale, then varlen's own);
+    `varlen_kernel`: whether a varlen call takes the one-launch kernel (`plan.plan_call`)."""
+    return plan_call(
+        cfg,
+        query,
+        key,
+        value,
+        scale=scale,
+        mask=mask,
+        is_causal=is_causal,
+        varlen=varlen,
+        varlen_kernel=varlen_kernel,
+    )
 
 
 def _warn_once(reason: str) -> None:

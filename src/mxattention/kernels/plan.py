@@ -5,8 +5,8 @@ decided; docs/design.md, 'Kernel plan'), `KernelPlan`, `PassPlan` (one pre-pass 
 Gluon kernel, layout, tiles), `ChunkPlan` (a group of batches x KV heads run before the next group's
 operands exist), and the predicates and rules the plan is made of: `unsupported_reason`,
 `scale_reason`, `varlen_reason`, `launch_config`, `kv_heads_per_chunk`, `smoothing_heads_per_chunk`,
-`chunk_bytes`, `qk_pass` / `v_pass`,
-`default_matrix_path`, `cpu_kernels_requested` (and `fused_varlen.varlen_kernel_enabled`, which it asks).
+`chunk_bytes`, `default_matrix_path`, `cpu_kernels_requested`; it asks `prepass.qk_pass` /
+`prepass.v_pass` (each pass's kernel and tiles) and `attention_fwd_hopper.fwd_kernel_for`.
 
 `fused.fused_attention` and `fused_varlen.fused_varlen_attention` execute a plan; the custom ops
 (`kernels.op`, `kernels.varlen_op`) ask `plan.reason` whether the kernels serve a call;
@@ -26,12 +26,19 @@ from dataclasses import dataclass
 import torch
 
 from mxattention.attention.config import AttentionConfig
-from mxattention.kernels._triton import HAS_TRITON, kernels_interpreted, sm_count
+from mxattention.kernels._triton import HAS_TRITON, kernels_interpreted
+from mxattention.kernels.prepass import PassPlan, padded_dim, padded_len, qk_pass, v_pass, varlen_v_len
 from mxattention.kernels.rules import KERNEL_ELEMS, rule_constants
-from mxattention.kernels.targets import Target, current_target, fwd_tiles, hw_e4m3_cast, matrix_path_for
+from mxattention.kernels.targets import (
+    MATRIX_PATHS,
+    Target,
+    current_target,
+    fwd_tiles,
+    hw_e4m3_cast,
+    matrix_path_for,
+)
 
 MAX_HEAD_DIM = 256
-MATRIX_PATHS = ("bf16", "dot_scaled")
 KV_LAYOUTS = ("packed", "bf16")
 FWD_KERNEL_NAMES = (
     "tl",
@@ -46,9 +53,6 @@ KV_CHUNK_MIN_BYTES = 256 * 2**20
 GRID_Y_MAX = 65535
 LOG2E = 1.0 / math.log(2.0)
 F32_MAX = 3.4028234663852886e38
-# The bf16 V^ pass with fewer programs than this per SM takes 2 warps per program (40 heads x 512
-# keys: 5.5 -> 4.4 us on the H200, benchmarks/results/raw/prepass_small_kv_v10_h200.json).
-V_SMALL_GRID_PER_SM = 8
 
 
 def cpu_kernels_requested() -> bool:
@@ -151,8 +155,6 @@ def launch_config(
     `targets.fwd_tiles` / `targets.matrix_path_for`: dense and varlen calls share them, so a varlen
     call computes each sequence as the dense call of its rows does, bit for bit; `codegen` builds
     the same launch offline."""
-    from mxattention.kernels.prepass import padded_dim
-
     tiles = fwd_tiles(
         target, padded_dim(max(d, dv)), block_m=block_m, num_warps=num_warps, num_stages=num_stages
     )
@@ -208,84 +210,6 @@ def smoothing_heads_per_chunk(
         return hk
     most = max(1, min(hk, chunk_bytes(b, hk, lkp, dp, dvp, kv_chunk_bytes) // (4 * b * group * nb * lkp)))
     return -(-hk // -(-hk // most))
-
-
-@dataclass(frozen=True)
-class PassPlan:
-    """One pre-pass launch: `kernel` "tl" (`prepass`) or "gluon" (`prepass_hopper`, sm_90, D 128;
-    a build failure there falls back to the `tl` kernel with one warning), `layout` of the `tl`
-    kernel ("rows": one row per thread, "tile", "keys": V's blocks along the keys; "" for Gluon),
-    `out` what it writes ("packed" E2M1 bytes, "e4m3" bytes, "bf16" values), `rows` per program,
-    `warps` per program, `bf16_pairs` (bf16 rows read as int32 pairs)."""
-
-    kernel: str
-    layout: str
-    out: str
-    rows: int = 0
-    warps: int = 0
-    bf16_pairs: bool = False
-
-    def __str__(self) -> str:
-        if self.kernel == "gluon":
-            return f"gluon -> {self.out}"
-        pairs = ", bf16 pairs" if self.bf16_pairs else ""
-        return f"tl {self.layout} {self.rows} x {self.warps} warps{pairs} -> {self.out}"
-
-
-def _bf16_pairs(x: torch.Tensor) -> bool:
-    """Whether x's rows can be read as int32 words of two bf16 elements (`prepass._load_rows`)."""
-    strides_even = all(st % 2 == 0 for st in x.stride()[:-1])
-    aligned = x.data_ptr() % 4 == 0 and x.shape[-1] % 2 == 0
-    return x.dtype == torch.bfloat16 and x.stride(-1) == 1 and strides_even and aligned
-
-
-def _tile(key: str, lp: int) -> tuple[int, int]:
-    """(rows per program, warps) of `prepass.PREPASS_TILES[key]`, halved until the rows divide lp."""
-    from mxattention.kernels import prepass
-
-    assert lp % 32 == 0, "the padded length holds whole MX blocks of 32"
-    rows, warps = prepass.PREPASS_TILES[key]
-    while lp % rows:
-        rows, warps = rows // 2, max(1, warps // 2)
-    return rows, warps
-
-
-def qk_pass(
-    x: torch.Tensor, lp: int, *, hadamard: bool, out_bf16: bool, elem: str, smoothed: bool
-) -> PassPlan:
-    """The Q^ / K^ pass of x [B, H, L, D] padded to lp rows: the Gluon kernels where
-    `prepass_hopper.usable` (bf16 K^) / `usable_q` (packed Q^) take x (E2M1, no smoothing), else the
-    `tl` kernel, with each row in one thread except where its loads cost more than its
-    instructions save (bf16 output at DP = 128) or a row is too long for one thread (DP = 256)."""
-    from mxattention.kernels import prepass_hopper
-    from mxattention.kernels.prepass import padded_dim
-
-    out = "bf16" if out_bf16 else ("e4m3" if elem == "e4m3" else "packed")
-    gluon = elem == "e2m1" and not smoothed
-    if gluon and out_bf16 and prepass_hopper.usable(x, lp, hadamard):
-        return PassPlan("gluon", "", out)
-    if gluon and not out_bf16 and prepass_hopper.usable_q(x, lp, hadamard):
-        return PassPlan("gluon", "", out)
-    dp = padded_dim(x.shape[-1])
-    row_layout = dp <= 64 or (dp <= 128 and not out_bf16)
-    rows, warps = _tile("qk_rows" if row_layout else ("qk_tile" if dp <= 128 else "qk_tile_256"), lp)
-    return PassPlan("tl", "rows" if row_layout else "tile", out, rows, warps, row_layout and _bf16_pairs(x))
-
-
-def v_pass(v: torch.Tensor, lp: int, *, out_bf16: bool, elem: str) -> PassPlan:
-    """The V^ pass of v [B, H, L, Dv] padded to lp keys: blocks of 32 keys in one thread's registers
-    up to Dvp 128 (a tile beyond), and for the bf16 output with fewer than V_SMALL_GRID_PER_SM
-    programs per SM (short keys) 2 warps per program: more warps each hide more of the latency."""
-    from mxattention.kernels.prepass import padded_dim
-
-    b, h = v.shape[0], v.shape[1]
-    dp = padded_dim(v.shape[-1])
-    out = "bf16" if out_bf16 else ("e4m3" if elem == "e4m3" else "packed")
-    key = "v_256" if dp > 128 else ("v_bf16" if out_bf16 else "v_packed")
-    rows, warps = _tile(key, lp)
-    if key == "v_bf16" and v.is_cuda and (lp // rows) * b * h < V_SMALL_GRID_PER_SM * sm_count(v.device):
-        warps = max(warps, 2)
-    return PassPlan("tl", "keys" if dp <= 128 else "tile", out, rows, warps)
 
 
 @dataclass(frozen=True)
@@ -399,6 +323,7 @@ def plan_call(
     mask: torch.Tensor | None = None,
     is_causal: bool = False,
     varlen: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
+    varlen_kernel: bool = True,
     matrix_path: str | None = None,
     block_m: int | None = None,
     num_warps: int | None = None,
@@ -412,7 +337,8 @@ def plan_call(
 
     Dense: query [B, Hq, Lq, D], key [B, Hkv, Lk, D], value [B, Hkv, Lk, Dv]. `varlen` =
     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) with flash-attn's packed layout
-    (query [total_q, Hq, D], ...). `mask` / `is_causal` (and `debug_p`, varlen) decide whether the
+    (query [total_q, Hq, D], ...); `varlen_kernel`: the one-launch varlen kernel runs it (else one
+    dense call per sequence: `fused_varlen.varlen_kernel_enabled`, which the varlen op asks). `mask` / `is_causal` (and `debug_p`, varlen) decide whether the
     Gluon forward serves the call. Raises ValueError only for a bad kernel option.
     """
     d, dv = key.shape[-1], value.shape[-1]
@@ -424,8 +350,6 @@ def plan_call(
     if refusal is not None or not HAS_TRITON:
         return KernelPlan(cfg.name, reason, refusal or reason)
     from mxattention.kernels import attention_fwd_hopper as fwd_hopper
-    from mxattention.kernels import fused_varlen
-    from mxattention.kernels.prepass import padded_dim, padded_len, varlen_v_len
 
     target = current_target(query.device)
     bm, path, layout, warps, stages, options = launch_config(
@@ -511,9 +435,7 @@ def plan_call(
         kv_heads_per_chunk=step,
         batches_per_chunk=bstep,
         chunks=tuple(chunks),
-        varlen=""
-        if varlen is None
-        else ("kernel" if fused_varlen.varlen_kernel_enabled() else "per_sequence"),
+        varlen="" if varlen is None else ("kernel" if varlen_kernel else "per_sequence"),
         debug_p=debug_p,
         interpreted=kernels_interpreted(),
     )

@@ -1,6 +1,8 @@
 """The pre-pass: one read of Q, K, V; rotation and MXFP4 cast in registers; packed bytes out.
 
-Exposes `padded_dim`, `padded_len`, `prepass_qk` and `prepass_v`.
+Exposes `padded_dim`, `padded_len`, `prepass_qk` and `prepass_v`, and the pass plans
+(`PassPlan`, `qk_pass`, `v_pass`: which kernel and tiles each pass takes, asked once per call by
+`plan.plan_call`).
 
 - `prepass_qk(x [B, H, L, D])`: optional normalized Hadamard rotation of the head dim, computed as
   the same fp32 butterflies as `rotation.rotate` (pairs (i, i + h) in blocks of 2h, h = 1, 2, ...,
@@ -28,21 +30,18 @@ masked out of the scores, padded head-dim columns are zeros on both sides of eve
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 
 from mxattention.formats.constants import MX_BLOCK_SIZE
 from mxattention.formats.scale_rules import ScaleRule
-from mxattention.kernels import plan, prepass_hopper
-from mxattention.kernels._triton import tl, triton
+from mxattention.kernels import prepass_hopper
+from mxattention.kernels._triton import sm_count, tl, triton
 from mxattention.kernels.cast import bf16_pair_floats, cast_blocks, cast_packed, pack_nibbles
 from mxattention.kernels.hadamard import hadamard_rows
 from mxattention.kernels.rules import rule_constants
 from mxattention.rotation import rotation_block
-
-if TYPE_CHECKING:
-    from mxattention.kernels.plan import PassPlan
 
 
 def padded_dim(d: int) -> int:
@@ -324,6 +323,82 @@ PREPASS_TILES = {
 }
 
 
+# The bf16 V^ pass with fewer programs than this per SM takes 2 warps per program (40 heads x 512
+# keys: 5.5 -> 4.4 us on the H200, benchmarks/results/raw/prepass_small_kv_v10_h200.json).
+V_SMALL_GRID_PER_SM = 8
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """One pre-pass launch: `kernel` "tl" (`prepass`) or "gluon" (`prepass_hopper`, sm_90, D 128;
+    a build failure there falls back to the `tl` kernel with one warning), `layout` of the `tl`
+    kernel ("rows": one row per thread, "tile", "keys": V's blocks along the keys; "" for Gluon),
+    `out` what it writes ("packed" E2M1 bytes, "e4m3" bytes, "bf16" values), `rows` per program,
+    `warps` per program, `bf16_pairs` (bf16 rows read as int32 pairs)."""
+
+    kernel: str
+    layout: str
+    out: str
+    rows: int = 0
+    warps: int = 0
+    bf16_pairs: bool = False
+
+    def __str__(self) -> str:
+        if self.kernel == "gluon":
+            return f"gluon -> {self.out}"
+        pairs = ", bf16 pairs" if self.bf16_pairs else ""
+        return f"tl {self.layout} {self.rows} x {self.warps} warps{pairs} -> {self.out}"
+
+
+def _bf16_pairs(x: torch.Tensor) -> bool:
+    """Whether x's rows can be read as int32 words of two bf16 elements (`_load_rows`)."""
+    strides_even = all(st % 2 == 0 for st in x.stride()[:-1])
+    aligned = x.data_ptr() % 4 == 0 and x.shape[-1] % 2 == 0
+    return x.dtype == torch.bfloat16 and x.stride(-1) == 1 and strides_even and aligned
+
+
+def _tile(key: str, lp: int) -> tuple[int, int]:
+    """(rows per program, warps) of `PREPASS_TILES[key]`, halved until the rows divide lp."""
+    assert lp % 32 == 0, "the padded length holds whole MX blocks of 32"
+    rows, warps = PREPASS_TILES[key]
+    while lp % rows:
+        rows, warps = rows // 2, max(1, warps // 2)
+    return rows, warps
+
+
+def qk_pass(
+    x: torch.Tensor, lp: int, *, hadamard: bool, out_bf16: bool, elem: str, smoothed: bool
+) -> PassPlan:
+    """The Q^ / K^ pass of x [B, H, L, D] padded to lp rows: the Gluon kernels where
+    `prepass_hopper.usable` (bf16 K^) / `usable_q` (packed Q^) take x (E2M1, no smoothing), else the
+    `tl` kernel, with each row in one thread except where its loads cost more than its
+    instructions save (bf16 output at DP = 128) or a row is too long for one thread (DP = 256)."""
+    out = "bf16" if out_bf16 else ("e4m3" if elem == "e4m3" else "packed")
+    gluon = elem == "e2m1" and not smoothed
+    if gluon and out_bf16 and prepass_hopper.usable(x, lp, hadamard):
+        return PassPlan("gluon", "", out)
+    if gluon and not out_bf16 and prepass_hopper.usable_q(x, lp, hadamard):
+        return PassPlan("gluon", "", out)
+    dp = padded_dim(x.shape[-1])
+    row_layout = dp <= 64 or (dp <= 128 and not out_bf16)
+    rows, warps = _tile("qk_rows" if row_layout else ("qk_tile" if dp <= 128 else "qk_tile_256"), lp)
+    return PassPlan("tl", "rows" if row_layout else "tile", out, rows, warps, row_layout and _bf16_pairs(x))
+
+
+def v_pass(v: torch.Tensor, lp: int, *, out_bf16: bool, elem: str) -> PassPlan:
+    """The V^ pass of v [B, H, L, Dv] padded to lp keys: blocks of 32 keys in one thread's registers
+    up to Dvp 128 (a tile beyond), and for the bf16 output with fewer than V_SMALL_GRID_PER_SM
+    programs per SM (short keys) 2 warps per program: more warps each hide more of the latency."""
+    b, h = v.shape[0], v.shape[1]
+    dp = padded_dim(v.shape[-1])
+    out = "bf16" if out_bf16 else ("e4m3" if elem == "e4m3" else "packed")
+    key = "v_256" if dp > 128 else ("v_bf16" if out_bf16 else "v_packed")
+    rows, warps = _tile(key, lp)
+    if key == "v_bf16" and v.is_cuda and (lp // rows) * b * h < V_SMALL_GRID_PER_SM * sm_count(v.device):
+        warps = max(warps, 2)
+    return PassPlan("tl", "keys" if dp <= 128 else "tile", out, rows, warps)
+
+
 def fold_e_max(norm: float) -> int:
     """The largest block exponent e for which fp32(norm) * 2**-e is a normal fp32 (`cast.cast_packed`)."""
     return math.floor(126 + math.log2(float(torch.tensor(norm, dtype=torch.float32))))
@@ -352,7 +427,7 @@ def prepass_qk(
     `elem` "e4m3" (MXFP8): one code byte per element, codes [B, H, Lp, Dp]; bf16 values exact for
     block scales >= 2**-124 (`cast.dequant_e4m3`). `q_mean` = (qm [B, H, ceil(L / block), D] fp32,
     block): Q smoothing, x - qm of each row's block before the rotation. `pass_plan`: the kernel
-    and tiles (`plan.qk_pass`, which the default asks).
+    and tiles (`qk_pass`, which `plan.plan_call` and the default ask).
     """
     b, h, n, d = x.shape
     dp = padded_dim(d)
@@ -368,7 +443,7 @@ def prepass_qk(
     blk = rotation_block(d) if hadamard else 1  # raises the reference's error for an unsupported d
     levels, norm = blk.bit_length() - 1, 1.0 / math.sqrt(blk)
     if pass_plan is None:
-        pass_plan = plan.qk_pass(
+        pass_plan = qk_pass(
             x, lp, hadamard=hadamard, out_bf16=out_bf16, elem=elem, smoothed=q_mean is not None
         )
     if pass_plan.kernel == "gluon":  # False: this Triton cannot build it (warned once): the tl kernel
@@ -378,7 +453,7 @@ def prepass_qk(
             x, codes, scales, lp, norm, fold_e_max(norm), _rule_args(rule)
         ):
             return codes, scales
-        pass_plan = plan.qk_pass(
+        pass_plan = qk_pass(
             x, lp, hadamard=hadamard, out_bf16=out_bf16, elem=elem, smoothed=q_mean is not None
         )
     row_layout = pass_plan.layout == "rows"
@@ -428,7 +503,7 @@ def prepass_v(
     `varlen` = (cu_seqlens_k, max_seqlen_k): v [1, H, total_k, Dv] is a packed batch whose blocks
     of 32 keys restart at every sequence; Lp = `varlen_v_len` and sequence i starts at row
     `varlen_v_start` (its rows past its length rounded up to 32 are left unwritten). `pass_plan`:
-    the tiles (`plan.v_pass`, which the default asks).
+    the tiles (`v_pass`, which `plan.plan_call` and the default ask).
     """
     b, h, n, d = v.shape
     dp = padded_dim(d)
@@ -442,7 +517,7 @@ def prepass_v(
         )
         scales = torch.empty((b, h, dp, lp // MX_BLOCK_SIZE), dtype=torch.uint8, device=v.device)
     if pass_plan is None:
-        pass_plan = plan.v_pass(v, lp, out_bf16=out_bf16, elem=elem)
+        pass_plan = v_pass(v, lp, out_bf16=out_bf16, elem=elem)
     bl, warps = pass_plan.rows, pass_plan.warps
     cu, max_len = (v, n) if varlen is None else varlen
     num_seqs = 1 if varlen is None else cu.numel() - 1

@@ -53,6 +53,9 @@ class Target:
         return GPUTarget(self.backend, self.arch, self.warp_size)
 
 
+# The attention kernel's matrix paths (docs/design.md, 'Kernel plan').
+MATRIX_PATHS = ("bf16", "dot_scaled")
+
 SM_100A = Target("cuda", 100)
 SM_120A = Target("cuda", 120)
 GFX950 = Target("hip", "gfx950", 64)

@@ -15,7 +15,11 @@ from __future__ import annotations
 import torch
 
 from mxattention.attention.varlen import VarlenShapes, seq_bounds, varlen_reference
-from mxattention.kernels.fused_varlen import fused_varlen_attention, per_sequence_attention
+from mxattention.kernels.fused_varlen import (
+    fused_varlen_attention,
+    per_sequence_attention,
+    varlen_kernel_enabled,
+)
 from mxattention.kernels.op import _warn_once, config_from_key, kernel_plan, register_inference_only
 
 
@@ -40,9 +44,9 @@ def varlen_op(
     shapes = VarlenShapes(tq, tk, hq, hk, d, dv, cu_seqlens_q.numel() - 1)
     given = (None if max_seqlen_q < 0 else max_seqlen_q, None if max_seqlen_k < 0 else max_seqlen_k)
     cu_q, cu_k, max_q, max_k = seq_bounds(cu_seqlens_q, cu_seqlens_k, shapes, *given)
-    plan = kernel_plan(
-        cfg, q, k, v, scale, is_causal=is_causal, varlen=(cu_seqlens_q, cu_seqlens_k, max_q, max_k)
-    )
+    varlen = (cu_seqlens_q, cu_seqlens_k, max_q, max_k)
+    on_gpu_kernel = varlen_kernel_enabled()  # else one dense call per sequence
+    plan = kernel_plan(cfg, q, k, v, scale, is_causal=is_causal, varlen=varlen, varlen_kernel=on_gpu_kernel)
     if plan.reason is not None:  # as mxattention::sdpa
         _warn_once(plan.reason)
         return varlen_reference(q, k, v, cu_q, cu_k, cfg, is_causal=is_causal, scale=scale)

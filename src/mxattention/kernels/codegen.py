@@ -100,6 +100,7 @@ def build(target: Target, case: Case = Case()):
     from mxattention.kernels.fused import launch_config
     from mxattention.kernels.prepass import padded_dim, padded_len
     from mxattention.kernels.rules import rule_constants
+    from mxattention.kernels.targets import hw_e4m3_cast
 
     if kernels_interpreted():
         raise RuntimeError("codegen needs compiled kernels: run it without TRITON_INTERPRET=1")
@@ -125,6 +126,7 @@ def build(target: Target, case: Case = Case()):
         p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=cfg.pnq, block_n=bn, scale=d**-0.5,
         is_causal=case.causal, matrix_path=path, block_m=bm, num_warps=warps, num_stages=stages,
         compile_options=options, p_elem=cfg.p.elem, v_elem=cfg.v.elem, qk_elem=cfg.q.elem,
+        p_cvt=cfg.p.elem == "e4m3" and hw_e4m3_cast(target),  # as the plan (KernelPlan.p_cvt)
         smooth_q=(torch.empty(1, h, -(-n // cfg.smooth_q_block), lkp), cfg.smooth_q_block) if cfg.smooth_q else None,
     )  # fmt: skip
     limit = SHARED_BYTES.get(target.family, 1 << 62)

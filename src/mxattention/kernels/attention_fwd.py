@@ -160,57 +160,57 @@ def _attend_tile(
     m,
     l,
     o_tilde,
-    q_hat,
-    q_codes,
-    q_scales,
+    q_op,
+    kv,
+    side,
     start_n,
     offs_m,
-    Kc,
-    Ks,
-    Vc,
-    Vs,
-    Kx,
-    Vx,
-    k_base,
-    v_base,
-    v_rows,
-    Pdbg,
-    dbg_row,
-    mask_base,
     qk_scale,
     Lq,
     Lk,
-    stride_mm,
-    stride_mn,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    DQ: tl.constexpr,
-    DV: tl.constexpr,
-    MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    MASK_MODE: tl.constexpr,
-    PNQ: tl.constexpr,
-    CEIL: tl.constexpr,
-    Q_EXP: tl.constexpr,
-    Q_MANT: tl.constexpr,
-    DOT_SCALED: tl.constexpr,
-    DEBUG_P: tl.constexpr,
-    DOT_T: tl.constexpr,
-    KV_BF16: tl.constexpr,
-    VARLEN: tl.constexpr,
-    P_ELEM: tl.constexpr,
-    V_ELEM: tl.constexpr,
-    P_CVT: tl.constexpr,
-    QK_ELEM: tl.constexpr,
-    corr_ptr,
-    SMOOTH_Q: tl.constexpr,
+    TILE: tl.constexpr,
+    MASKING: tl.constexpr,
+    CAST: tl.constexpr,
+    MMA: tl.constexpr,
 ):
     """One key tile of Algorithm 1: (m, l, o_tilde) after keys [start_n, start_n + BN).
+
+    Runtime values, grouped as the kernel body builds them: `q_op` = (q_hat, q_codes, q_scales)
+    (this program's Q^ rows), `kv` = (Kc, Ks, Vc, Vs, Kx, Vx, k_base, v_base, v_rows) (K^ / V^ of
+    its KV head, packed or bf16), `side` = (mask_base, stride_mm, stride_mn, Pdbg, dbg_row,
+    corr_ptr) (user mask, Q(P~) debug buffer, Q smoothing correction). Constexprs: TILE = (BM, BN,
+    DQ, DV), MASKING = (MASKED, CAUSAL, MASK_MODE, VARLEN), CAST = (PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM,
+    P_CVT) (P~'s ladder and rule), MMA = (DOT_SCALED, DOT_T, KV_BF16, QK_ELEM, V_ELEM, DEBUG_P,
+    SMOOTH_Q) (the matrix path, operand ladders, and the optional side outputs / inputs).
 
     MASKED = False is the fast path for tiles whose keys are all valid for every row (no padding,
     causal or user mask): the scores skip the select, the only difference. VARLEN and MASKED: the
     keys past Lk belong to the next sequence (or to no one), so K^ and V^ load zeros there.
     """
+    BM: tl.constexpr = TILE[0]
+    BN: tl.constexpr = TILE[1]
+    DQ: tl.constexpr = TILE[2]
+    DV: tl.constexpr = TILE[3]
+    MASKED: tl.constexpr = MASKING[0]
+    CAUSAL: tl.constexpr = MASKING[1]
+    MASK_MODE: tl.constexpr = MASKING[2]
+    VARLEN: tl.constexpr = MASKING[3]
+    PNQ: tl.constexpr = CAST[0]
+    CEIL: tl.constexpr = CAST[1]
+    Q_EXP: tl.constexpr = CAST[2]
+    Q_MANT: tl.constexpr = CAST[3]
+    P_ELEM: tl.constexpr = CAST[4]
+    P_CVT: tl.constexpr = CAST[5]
+    DOT_SCALED: tl.constexpr = MMA[0]
+    DOT_T: tl.constexpr = MMA[1]
+    KV_BF16: tl.constexpr = MMA[2]
+    QK_ELEM: tl.constexpr = MMA[3]
+    V_ELEM: tl.constexpr = MMA[4]
+    DEBUG_P: tl.constexpr = MMA[5]
+    SMOOTH_Q: tl.constexpr = MMA[6]
+    q_hat, q_codes, q_scales = q_op
+    Kc, Ks, Vc, Vs, Kx, Vx, k_base, v_base, v_rows = kv
+    mask_base, stride_mm, stride_mn, Pdbg, dbg_row, corr_ptr = side
     CLIP: tl.constexpr = VARLEN and MASKED
     offs_n = start_n + tl.arange(0, BN)
     k_rows = k_base + offs_n[:, None]
@@ -394,21 +394,24 @@ def _mx_attention_fwd_kernel(
     if CAUSAL:
         hi = tl.minimum(lk, (pid_m + 1) * BM)
         full = tl.minimum(full, (pid_m * BM + 1) // BN * BN)
+    q_op = (q_hat, q_codes, q_scales)
+    kv = (Kc, Ks, Vc, Vs, Kx, Vx, k_base, v_base, v_rows)
+    side = (mask_base, stride_mm, stride_mn, Pdbg, dbg_row, corr_ptr)
+    # The constexpr groups are written out at each call: a tuple held in a variable is no longer
+    # constexpr (its strings would become tensors).
     for start_n in tl.range(0, full, BN):
         m, l, o_tilde = _attend_tile(
-            m, l, o_tilde, q_hat, q_codes, q_scales, start_n, offs_m, Kc, Ks, Vc, Vs, Kx, Vx, k_base,
-            v_base, v_rows, Pdbg, dbg_row, mask_base, qk_scale, lq, lk, stride_mm, stride_mn, BM, BN, DQ,
-            DV, False, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, DOT_SCALED, DEBUG_P, DOT_T, KV_BF16,
-            VARLEN, P_ELEM, V_ELEM, P_CVT, QK_ELEM, corr_ptr, SMOOTH_Q_BLOCK > 0,
+            m, l, o_tilde, q_op, kv, side, start_n, offs_m, qk_scale, lq, lk,
+            (BM, BN, DQ, DV), (False, CAUSAL, MASK_MODE, VARLEN), (PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT),
+            (DOT_SCALED, DOT_T, KV_BF16, QK_ELEM, V_ELEM, DEBUG_P, SMOOTH_Q_BLOCK > 0),
         )  # fmt: skip
     # The masked tail (a tile or two, more on the causal diagonal) runs unpipelined: pipelining
     # it too puts copies of o_tilde between wgmmas and ptxas then serializes every wgmma.
     for start_n in tl.range(full, hi, BN, num_stages=1):
         m, l, o_tilde = _attend_tile(
-            m, l, o_tilde, q_hat, q_codes, q_scales, start_n, offs_m, Kc, Ks, Vc, Vs, Kx, Vx, k_base,
-            v_base, v_rows, Pdbg, dbg_row, mask_base, qk_scale, lq, lk, stride_mm, stride_mn, BM, BN, DQ,
-            DV, True, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, DOT_SCALED, DEBUG_P, DOT_T, KV_BF16,
-            VARLEN, P_ELEM, V_ELEM, P_CVT, QK_ELEM, corr_ptr, SMOOTH_Q_BLOCK > 0,
+            m, l, o_tilde, q_op, kv, side, start_n, offs_m, qk_scale, lq, lk,
+            (BM, BN, DQ, DV), (True, CAUSAL, MASK_MODE, VARLEN), (PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT),
+            (DOT_SCALED, DOT_T, KV_BF16, QK_ELEM, V_ELEM, DEBUG_P, SMOOTH_Q_BLOCK > 0),
         )  # fmt: skip
 
     empty = l == 0.0

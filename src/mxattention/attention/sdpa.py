@@ -1,4 +1,9 @@
-"""`sdpa_reference`: torch SDPA's signature and semantics on top of the PyTorch reference."""
+"""`sdpa_reference`: torch SDPA's signature and semantics on top of the PyTorch reference.
+
+Exposes `sdpa_reference` (the arguments checked, as `attention.inputs` checks them) and
+`checked_sdpa_reference` (the same on arguments checked by the caller: the custom op's fallback,
+whose public entry point checked them once).
+"""
 
 from __future__ import annotations
 
@@ -36,10 +41,25 @@ def sdpa_reference(
     check_scalars(dropout_p, scale)
     mask = check_mask(attn_mask, shapes, query, is_causal)
     scale_ = shapes.default_scale() if scale is None else float(scale)
-    k, v = key.float(), value.float()
-    if shapes.q_heads != shapes.kv_heads:
-        group = shapes.q_heads // shapes.kv_heads
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    out, lse = reference_attention(query.float(), k, v, cfg, mask=mask, is_causal=is_causal, scale=scale_)
-    out = cast_output(out, query.dtype)
+    out, lse = checked_sdpa_reference(query, key, value, mask, is_causal, scale_, cfg)
     return (out, lse) if return_lse else out
+
+
+def checked_sdpa_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float,
+    cfg: AttentionConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O in query's dtype, lse fp32) of `sdpa_reference` on checked arguments: `mask` None or a
+    [B, Hq, Lq, Lk] view (`inputs.check_mask`), `scale` a float, Hq a multiple of Hkv."""
+    k, v = key.float(), value.float()
+    hq, hk = query.shape[1], key.shape[1]
+    if hq != hk:
+        group = hq // hk
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    out, lse = reference_attention(query.float(), k, v, cfg, mask=mask, is_causal=is_causal, scale=scale)
+    return cast_output(out, query.dtype), lse

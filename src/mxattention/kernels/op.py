@@ -25,7 +25,7 @@ import torch
 
 from mxattention._callsite import warn_at_call_site
 from mxattention.attention.config import AttentionConfig, get_method
-from mxattention.attention.sdpa import sdpa_reference
+from mxattention.attention.sdpa import checked_sdpa_reference
 from mxattention.kernels.fused import run_plan
 from mxattention.kernels.plan import KernelPlan, plan_call
 
@@ -144,22 +144,17 @@ def sdpa_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(O [B, Hq, Lq, Dv] in query's dtype, lse [B, Hq, Lq] fp32) of the method `cfg_key` names."""
     cfg = config_from_key(cfg_key)
-    if 0 in (*query.shape, *key.shape, *value.shape):
-        # Zero-size dims: nothing for the kernels to do; the reference returns torch SDPA's result.
-        return sdpa_reference(
-            query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, method=cfg, return_lse=True
-        )
     # The arguments were checked once, by the caller (`dispatch.scaled_dot_product_attention`,
     # attention.inputs): shapes agree, GQA divides, the mask broadcasts.
     b, hq, lq, _ = query.shape
     mask = None if attn_mask is None else attn_mask.expand(b, hq, lq, key.shape[2])
+    if 0 in (*query.shape, *key.shape, *value.shape):
+        # Zero-size dims: nothing for the kernels to do; the reference returns torch SDPA's result.
+        return checked_sdpa_reference(query, key, value, mask, is_causal, scale, cfg)
     plan = kernel_plan(cfg, query, key, value, scale, mask=mask, is_causal=is_causal)
     if plan.reason is not None:
         _warn_once(plan.reason)
-        out, lse = sdpa_reference(
-            query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, method=cfg, return_lse=True
-        )
-        return out, lse
+        return checked_sdpa_reference(query, key, value, mask, is_causal, scale, cfg)
     out, lse, _ = run_plan(plan, query, key, value, mask=mask, is_causal=is_causal)
     return out, lse
 

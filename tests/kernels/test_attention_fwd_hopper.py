@@ -163,8 +163,9 @@ def _both(q_packed, kx, vx, *, lq, lk, group, out_dtype, rule, pnq, p_elem, qk_e
 
     b, hq = q_packed[0].shape[:2]
     r = rule_constants(rule, p_elem)
+    # E4M3 P~ by the hardware cast in both (targets.HW_E4M3_CAST lists sm_90).
     kw = dict(lq=lq, lk=lk, group=group, p_rule=(r.ceil, r.q_exp, r.q_mant), pnq=pnq, scale=scale,
-              p_elem=p_elem, qk_elem=qk_elem)  # fmt: skip
+              p_elem=p_elem, qk_elem=qk_elem, p_cvt=p_elem == "e4m3")  # fmt: skip
     out_tl = torch.full((b, hq, lq, 128), float("nan"), device="cuda", dtype=out_dtype)
     out_g = out_tl.clone()
     lse_tl = mx_attention_fwd(q_packed, kx, vx, dv=128, out=out_tl, block_n=128, matrix_path="bf16",

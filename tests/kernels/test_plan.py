@@ -182,3 +182,29 @@ def test_benchmark_uncast_variant(device):
     )
     assert (outs[0] - exact).abs().max() < 1e-5
     assert (outs[1] - exact).abs().max() > 1e-2  # the production kernel casts P~
+
+
+def test_v_pass_warps_follow_each_chunks_grid(monkeypatch):
+    """The bf16 V^ pass of a chunk with fewer than V_SMALL_GRID_PER_SM programs per SM takes 2 warps:
+    chunks of 2, 2 and 1 KV heads (16 programs each at 512 keys) against 3 faked SMs (24)."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda d: SimpleNamespace(multi_processor_count=3)
+    )
+    q, k, v = qkv(1, 5, 5, 64, 512, 128, dtype=torch.bfloat16)
+    per_head = 2 * 512 * (128 + 128)  # bf16 K^ + V^ of one KV head
+    p = plan.plan_call(
+        get_method("mxattention"),
+        q,
+        k,
+        v,
+        scale=0.1,
+        matrix_path="bf16",
+        kv_layout="bf16",
+        kv_chunk_bytes=2 * per_head,
+    )
+    assert [c.kv_heads for c in p.chunks] == [(0, 2), (2, 4), (4, 5)]
+    assert [c.v_pass.warps for c in p.chunks] == [1, 1, 2]
+    assert "V^ tl keys 32 x 2 warps -> bf16" in p.describe()  # both pass sets are printed

@@ -384,26 +384,24 @@ def plan_call(
         step = min(step, smoothing_heads_per_chunk(b, hk, group, -(-lq // blk), lkp, dp, dvp, kv_chunk_bytes))
     step = max(1, min(step, GRID_Y_MAX // group))  # query heads of one KV head and one batch fit
     bstep = max(1, GRID_Y_MAX // (step * group))
+    # The pass plans of a chunk's views are those of the whole tensors (the kernel choice reads
+    # strides, dtype and 16-byte alignment, which a view at a whole head or batch keeps; the
+    # tiles the padded length), except V^'s warps, which follow the chunk's grid.
+    if varlen is None:
+        qx, kx, vx = query, key, value
+    else:  # the [1, heads, total, D] views the varlen passes read
+        qx, kx, vx = (x.permute(1, 0, 2)[None] for x in (query, key, value))
+    q_pass = qk_pass(qx, lqp, hadamard=cfg.hadamard, out_bf16=False, elem=qe, smoothed=blk > 0)
+    k_pass = qk_pass(kx, lkp, hadamard=cfg.hadamard, out_bf16=wide, elem=qe, smoothed=False)
+    v_passes: dict[int, PassPlan] = {}
     chunks = []
     for b0 in range(0, b, bstep):
         for h0 in range(0, hk, step):
-            bs, kv = slice(b0, b0 + bstep), slice(h0, h0 + step)
-            qh = slice(h0 * group, (h0 + step) * group)
-            if varlen is None:
-                qx, kx, vx = query[bs, qh], key[bs, kv], value[bs, kv]
-            else:  # the [1, heads, total, D] views the varlen passes read
-                qx, kx, vx = (
-                    x[:, hs].permute(1, 0, 2)[None] for x, hs in ((query, qh), (key, kv), (value, kv))
-                )
-            chunks.append(
-                ChunkPlan(
-                    (b0, min(b, b0 + bstep)),
-                    (h0, min(hk, h0 + step)),
-                    qk_pass(qx, lqp, hadamard=cfg.hadamard, out_bf16=False, elem=qe, smoothed=blk > 0),
-                    qk_pass(kx, lkp, hadamard=cfg.hadamard, out_bf16=wide, elem=qe, smoothed=False),
-                    v_pass(vx, lvp, out_bf16=wide, elem=cfg.v.elem),
-                )
-            )
+            bs, hs = (b0, min(b, b0 + bstep)), (h0, min(hk, h0 + step))
+            heads = (bs[1] - bs[0]) * (hs[1] - hs[0])
+            if heads not in v_passes:
+                v_passes[heads] = v_pass(vx, lvp, out_bf16=wide, elem=cfg.v.elem, heads=heads)
+            chunks.append(ChunkPlan(bs, hs, q_pass, k_pass, v_passes[heads]))
     pr = rule_constants(cfg.p.rule, cfg.p.elem)
     return KernelPlan(
         cfg.name,

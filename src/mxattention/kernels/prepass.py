@@ -385,16 +385,17 @@ def qk_pass(
     return PassPlan("tl", "rows" if row_layout else "tile", out, rows, warps, row_layout and _bf16_pairs(x))
 
 
-def v_pass(v: torch.Tensor, lp: int, *, out_bf16: bool, elem: str) -> PassPlan:
+def v_pass(v: torch.Tensor, lp: int, *, out_bf16: bool, elem: str, heads: int | None = None) -> PassPlan:
     """The V^ pass of v [B, H, L, Dv] padded to lp keys: blocks of 32 keys in one thread's registers
     up to Dvp 128 (a tile beyond), and for the bf16 output with fewer than V_SMALL_GRID_PER_SM
-    programs per SM (short keys) 2 warps per program: more warps each hide more of the latency."""
-    b, h = v.shape[0], v.shape[1]
+    programs per SM (short keys) 2 warps per program: more warps each hide more of the latency.
+    `heads`: the launch's B x H when it runs on a chunk of v (default: all of v's)."""
+    bh = v.shape[0] * v.shape[1] if heads is None else heads
     dp = padded_dim(v.shape[-1])
     out = "bf16" if out_bf16 else ("e4m3" if elem == "e4m3" else "packed")
     key = "v_256" if dp > 128 else ("v_bf16" if out_bf16 else "v_packed")
     rows, warps = _tile(key, lp)
-    if key == "v_bf16" and v.is_cuda and (lp // rows) * b * h < V_SMALL_GRID_PER_SM * sm_count(v.device):
+    if key == "v_bf16" and v.is_cuda and (lp // rows) * bh < V_SMALL_GRID_PER_SM * sm_count(v.device):
         warps = max(warps, 2)
     return PassPlan("tl", "keys" if dp <= 128 else "tile", out, rows, warps)
 

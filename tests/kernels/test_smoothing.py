@@ -123,3 +123,23 @@ def test_kernel_matches_reference_on_each_input_dtype(dtype, device):
     q, k, v = (q + 2.0).to(dtype), k.to(dtype), v.to(dtype)
     c = compare(q, k, v, get_method("mxattention-pv8-smooth"), device=device)
     _check(c, f"smooth {dtype}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("elem", ["e2m1", "e4m3"])
+def test_q_prepass_subtracts_the_block_means(dtype, elem, device):
+    """The Q^ pass with q_mean: bit for bit mx_quantize(rotate(q - qm)) (each row its block's qm,
+    300 rows: a ragged third block), padding rows zero codes with scale byte 127."""
+    from mxattention.formats.mx import mx_quantize
+    from mxattention.kernels.prepass import prepass_qk
+    from mxattention.rotation import rotate
+
+    g = torch.Generator().manual_seed(3)
+    q = ((torch.randn(1, 2, 300, 64, generator=g) + 2) * torch.exp(torch.randn(64, generator=g))).to(dtype)
+    qm = q_block_mean_rows(q, 128)
+    codes, scales = prepass_qk(q.to(device), "uos", hadamard=True, elem=elem, q_mean=(qm.to(device), 128))
+    per_row = qm.repeat_interleave(128, dim=-2)[..., :300, :]
+    ref = mx_quantize(rotate(q.float() - per_row), axis=-1, rule="uos", elem=elem)
+    assert torch.equal(codes[..., :300, :].cpu(), ref.data)
+    assert torch.equal(scales[..., :300, :].cpu(), ref.scales)
+    assert (codes[..., 300:, :] == 0).all() and (scales[..., 300:, :] == 127).all()

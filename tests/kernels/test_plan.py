@@ -29,7 +29,10 @@ def test_plan_is_frozen_and_read_from_the_target_tables(monkeypatch):
     _on(monkeypatch, targets.SM_90A)
     p = plan.plan_call(get_method("mxattention-pv8"), q, k, v, scale=-0.1)
     tiles = targets.fwd_tiles(targets.SM_90A, 128)
-    assert (p.matrix_path, p.kv_layout, p.fwd_kernel) == ("bf16", "bf16", "tl")
+    from mxattention.kernels.attention_fwd_hopper import HAS_GLUON
+
+    # targets.GLUON_FWD lists sm_90: a dense bf16-layout D 128 call takes the Gluon forward.
+    assert (p.matrix_path, p.kv_layout, p.fwd_kernel) == ("bf16", "bf16", "gluon" if HAS_GLUON else "tl")
     assert (p.block_m, p.block_n, p.num_warps, p.num_stages) == (
         tiles.block_m,
         128,
@@ -65,7 +68,8 @@ def test_forward_kernel_is_chosen_in_the_plan(monkeypatch):
     q, k, v = qkv(1, 2, 2, 64, 64, 128)
     cfg = get_method("mxattention")
     _on(monkeypatch, targets.SM_90A)
-    assert plan.plan_call(cfg, q, k, v, scale=0.1).fwd_kernel == "tl"  # GLUON_FWD empty today
+    monkeypatch.setattr(targets, "GLUON_FWD", frozenset())
+    assert plan.plan_call(cfg, q, k, v, scale=0.1).fwd_kernel == "tl"
     monkeypatch.setattr(targets, "GLUON_FWD", frozenset({"sm_90"}))
     assert plan.plan_call(cfg, q, k, v, scale=0.1).fwd_kernel == "gluon"
     assert plan.plan_call(cfg, q, k, v, scale=0.1, is_causal=True).fwd_kernel == "tl"

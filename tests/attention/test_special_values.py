@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from mxattention.attention.reference import cast_output
+from mxattention.attention.config import get_method
+from mxattention.attention.reference import cast_output, flush_subnormals, reference_attention
 from mxattention.attention.sdpa import sdpa_reference
 from mxattention.formats.mx import fake_quantize
 
@@ -52,3 +55,27 @@ def test_fp16_large_scores_and_v_near_max():
     out = sdpa_reference(q, k, v, method="mxattention")
     assert torch.isfinite(out).all()
     assert (out.float().abs() <= 65504).all() and (out.float().abs() >= 3e4).float().mean() > 0.9
+
+
+def test_subnormal_exps_are_zero():
+    """P~ and alpha below 2**-126 are 0, as NVIDIA's exp2 (ex2.approx.ftz) gives them in the kernels
+    (docs/design.md, 'Special values and overflow'): keys 127.5 binades under the row max weigh
+    exactly nothing, even times V = 2**120 (unflushed they would add ~2**-7.5 to O), so O equals
+    the call with those keys masked out; keys 125 binades down still count."""
+    x = torch.tensor([2.0**-126, 2.0**-126 * (1 - 2.0**-23), 2.0**-149, 0.0, float("nan"), 1.0])
+    got = flush_subnormals(x)
+    assert got[[0, 5]].tolist() == [2.0**-126, 1.0] and (got[1:4] == 0).all() and got[4].isnan()
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 1, 8, 16, generator=g)
+    k, v = (torch.randn(1, 1, 20, 16, generator=g) for _ in range(2))
+    k[..., 10:, :] = 0.0  # scores 0, moved by the mask to `binades` under each row's max
+    v[..., 10:, :] = 2.0**120
+    row_max = (q @ k[..., :10, :].transpose(-1, -2)).amax(-1, keepdim=True)
+    for binades, counts in ((127.5, False), (125.0, True)):
+        mask = torch.zeros(1, 1, 8, 20)
+        mask[..., 10:] = row_max - binades * math.log(2.0)
+        out, _ = reference_attention(q, k, v, get_method("fp"), mask=mask, scale=1.0)
+        cut = mask.clone()
+        cut[..., 10:] = -float("inf")
+        alone, _ = reference_attention(q, k, v, get_method("fp"), mask=cut, scale=1.0)
+        assert torch.equal(out, alone) != counts, binades

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 import mxattention.attention.reference as reference_module
@@ -24,6 +25,18 @@ class Comparison:
     lse: torch.Tensor
     ref_out: torch.Tensor
     ref_lse: torch.Tensor
+
+
+def skip_unless_path_runs(path: str | None, device: str) -> None:
+    """Skip where the kernels refuse `path`: "dot_scaled" on a GPU without native MX MMAs
+    (`plan.dot_scaled_refusal`, e.g. the H200)."""
+    if path == "dot_scaled" and device == "cuda":
+        from mxattention.kernels.plan import dot_scaled_refusal
+        from mxattention.kernels.targets import current_target, native_mx
+
+        target = current_target(device)
+        if target is not None and not native_mx(target):
+            pytest.skip(dot_scaled_refusal(target))
 
 
 def _recorded_reference(q, k, v, cfg, mask, is_causal, scale):
@@ -61,6 +74,7 @@ def compare(
 
     Both run on `device`; the tensors in the result stay there.
     """
+    skip_unless_path_runs(matrix_path, device)
     cfg = get_method(cfg)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     b, hq, lq, _ = q.shape

@@ -10,7 +10,7 @@ from mxattention.kernels import op
 from mxattention.kernels._triton import tl, triton
 from mxattention.kernels.cast import e4m3_round, e4m3_round_hw
 
-from .helpers import compare, qkv
+from .helpers import compare, qkv, skip_unless_path_runs
 
 pytestmark = [
     pytest.mark.gpu,
@@ -216,6 +216,7 @@ def test_pv8_hw_cast_same_p_decisions(path, layout, monkeypatch):
     from mxattention.kernels import targets
     from mxattention.kernels.fused import fused_attention
 
+    skip_unless_path_runs(path, "cuda")
     q, k, v = (t.cuda() for t in qkv(1, 4, 4, 1024, 1024, 128, seed=13))
     cfg = mx.get_method("mxattention-pv8")
     args = dict(scale=128**-0.5, matrix_path=path, kv_layout=layout, debug_p=True)

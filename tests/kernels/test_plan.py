@@ -212,3 +212,28 @@ def test_v_pass_warps_follow_each_chunks_grid(monkeypatch):
     assert [c.kv_heads for c in p.chunks] == [(0, 2), (2, 4), (4, 5)]
     assert [c.v_pass.warps for c in p.chunks] == [1, 1, 2]
     assert "V^ tl keys 32 x 2 warps -> bf16" in p.describe()  # both pass sets are printed
+
+
+def test_dot_scaled_refused_without_native_mx(monkeypatch):
+    """matrix_path="dot_scaled" where Triton only emulates tl.dot_scaled (sm_90; sm_100 before
+    Triton 3.9) is a ValueError naming the fix, for dense and varlen calls alike, before anything
+    launches: on the H200 the emulation read shared memory out of bounds at Dv 32 (an illegal
+    memory access that poisons the CUDA context). Native targets and the interpreter take it."""
+    from mxattention.kernels.fused_varlen import fused_varlen_attention
+
+    cfg = get_method("mxattention")
+    q, k, v = qkv(1, 2, 2, 64, 64, 64, dv=32)
+    packed = (q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1))
+    cu = torch.tensor([0, 20, 64], dtype=torch.int32)
+    for target, triton_version in ((targets.SM_90A, (3, 9)), (targets.SM_100A, (3, 6))):
+        _on(monkeypatch, target)
+        monkeypatch.setattr(targets, "triton_version", lambda v=triton_version: v)
+        with pytest.raises(ValueError, match="needs native MX .* use matrix_path='bf16'"):
+            fused_attention(q, k, v, cfg, scale=0.1, matrix_path="dot_scaled")
+        with pytest.raises(ValueError, match="needs native MX"):
+            fused_varlen_attention(*packed, cu, cu, 44, 44, cfg, scale=0.1, matrix_path="dot_scaled")
+        assert plan.plan_call(cfg, q, k, v, scale=0.1).matrix_path == "bf16"  # the default runs
+    monkeypatch.setattr(targets, "triton_version", lambda: (3, 9))
+    for target in (targets.SM_100A, None):  # native, and the interpreter
+        _on(monkeypatch, target)
+        assert plan.plan_call(cfg, q, k, v, scale=0.1, matrix_path="dot_scaled").matrix_path == "dot_scaled"

@@ -1,10 +1,12 @@
 """The tiled online-softmax attention of the paper (Algorithm 1), in PyTorch: the specification.
 
-Exposes `reference_attention` and `cast_output` (the saturating cast to the input dtype). For each key tile j of `block_n` keys (FlashAttention-2 form,
-fp32 state, names as in docs/design.md, 'Attention algorithm'):
+Exposes `reference_attention`, `cast_output` (the saturating cast to the input dtype) and
+`flush_subnormals` (the softmax's exps are 0 below 2**-126, on every device, as in the kernels).
+For each key tile j of `block_n` keys (FlashAttention-2 form, fp32 state, names as in
+docs/design.md, 'Attention algorithm'):
 
     S      = Q^ K^_j^T * scale  (+ mask)           m_new = max(m, rowmax S)
-    alpha  = exp(m - m_new)                         P~    = exp(S - m_new)
+    alpha  = exp(m - m_new)                         P~    = exp(S - m_new)   (both 0 below 2**-126)
     P^     = Q(P~) per 32 keys                      l     = alpha l + rowsum(P^ if pnq else P~)
     O~     = alpha O~ + P^ V^_j                     finally O = O~ / l, lse = m + log l
 
@@ -25,6 +27,7 @@ from mxattention.attention.config import AttentionConfig
 from mxattention.attention.operands import Operands, prepare_operands, quantize_p
 
 MAX_TILE_ELEMENTS = 1 << 24  # 64 MiB of fp32 scores per tile
+FP32_TINY = 2.0**-126  # fp32's smallest normal: the softmax's exps below it are 0 (`flush_subnormals`)
 
 
 def _causal_tile(q0: int, q1: int, k0: int, k1: int, device: torch.device) -> torch.Tensor:
@@ -67,13 +70,20 @@ def _rows(
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
         # A row with every key so far masked keeps m = -inf; exp(-inf - 0) = 0 keeps it empty.
         m_use = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
-        alpha = torch.exp(m - m_use)
-        p_tilde = torch.exp(s - m_use)
+        alpha = flush_subnormals(torch.exp(m - m_use))
+        p_tilde = flush_subnormals(torch.exp(s - m_use))
         p_hat = quantize_p(p_tilde, cfg)
         l = alpha * l + (p_hat if cfg.pnq else p_tilde).sum(dim=-1, keepdim=True)
         o = alpha * o + p_hat @ ops.v[..., k0:k1, :]
         m = m_new
     return o, l, m
+
+
+def flush_subnormals(x: torch.Tensor) -> torch.Tensor:
+    """fp32 x with values below 2**-126 (fp32's smallest normal) set to 0, NaN kept: the softmax's
+    exp flushes its subnormal results, as NVIDIA GPUs' exp2 (`ex2.approx.ftz.f32`) does in the
+    kernels (docs/design.md, 'Special values and overflow'). For x >= 0 or NaN (exps)."""
+    return x.masked_fill(x < FP32_TINY, 0.0)
 
 
 def cast_output(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

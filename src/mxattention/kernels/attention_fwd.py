@@ -53,6 +53,7 @@ from mxattention.kernels.cast import (
     dequant_mx,
     elem_code,
     elem_round,
+    exp2_ftz,
     inv_exp2,
     pack_nibbles,
 )
@@ -180,8 +181,8 @@ def _attend_tile(
     its KV head, packed or bf16), `side` = (mask_base, stride_mm, stride_mn, Pdbg, dbg_row,
     corr_ptr) (user mask, Q(P~) debug buffer, Q smoothing correction). Constexprs: TILE = (BM, BN,
     DQ, DV), MASKING = (MASKED, CAUSAL, MASK_MODE, VARLEN), CAST = (PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM,
-    P_CVT) (P~'s ladder and rule), MMA = (DOT_SCALED, DOT_T, KV_BF16, QK_ELEM, V_ELEM, DEBUG_P,
-    SMOOTH_Q) (the matrix path, operand ladders, and the optional side outputs / inputs).
+    P_CVT, EXP_FLUSH) (P~'s ladder and rule; EXP_FLUSH: `cast.exp2_ftz`'s explicit flush), MMA =
+    (DOT_SCALED, DOT_T, KV_BF16, QK_ELEM, V_ELEM, DEBUG_P, SMOOTH_Q) (the matrix path, operand ladders, and the optional side outputs / inputs).
 
     MASKED = False is the fast path for tiles whose keys are all valid for every row (no padding,
     causal or user mask): the scores skip the select, the only difference. VARLEN and MASKED: the
@@ -201,6 +202,7 @@ def _attend_tile(
     Q_MANT: tl.constexpr = CAST[3]
     P_ELEM: tl.constexpr = CAST[4]
     P_CVT: tl.constexpr = CAST[5]
+    EXP_FLUSH: tl.constexpr = CAST[6]
     DOT_SCALED: tl.constexpr = MMA[0]
     DOT_T: tl.constexpr = MMA[1]
     KV_BF16: tl.constexpr = MMA[2]
@@ -252,9 +254,10 @@ def _attend_tile(
     m_new = tl.maximum(m, tl.max(s_blk, 1) * c)
     # A row with every key so far masked keeps m = -inf; exp2(-inf - 0) = 0 keeps it empty.
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.math.exp2(m - m_use)
-    p3 = tl.math.exp2(s3 * c - m_use[:, None, None])
-    p_blk = tl.math.exp2(s_blk * c - m_use[:, None])
+    # exp2 results below 2**-126 are 0 on every target, as in the reference (`cast.exp2_ftz`).
+    alpha = exp2_ftz(m - m_use, EXP_FLUSH)
+    p3 = exp2_ftz(s3 * c - m_use[:, None, None], EXP_FLUSH)
+    p_blk = exp2_ftz(s_blk * c - m_use[:, None], EXP_FLUSH)
     two_e = block_scale(p_blk, CEIL, Q_EXP, Q_MANT)
     p_hat3 = elem_round(p3, two_e[:, :, None], P_ELEM, P_CVT)
     p_hat = tl.reshape(p_hat3, [BM, BN])
@@ -341,6 +344,7 @@ def _mx_attention_fwd_kernel(
     P_CVT: tl.constexpr = False,
     QK_ELEM: tl.constexpr = "e2m1",
     SMOOTH_Q_BLOCK: tl.constexpr = 0,
+    EXP_FLUSH: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -402,7 +406,7 @@ def _mx_attention_fwd_kernel(
     for start_n in tl.range(0, full, BN):
         m, l, o_tilde = _attend_tile(
             m, l, o_tilde, q_op, kv, side, start_n, offs_m, qk_scale, lq, lk,
-            (BM, BN, DQ, DV), (False, CAUSAL, MASK_MODE, VARLEN), (PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT),
+            (BM, BN, DQ, DV), (False, CAUSAL, MASK_MODE, VARLEN), (PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, EXP_FLUSH),
             (DOT_SCALED, DOT_T, KV_BF16, QK_ELEM, V_ELEM, DEBUG_P, SMOOTH_Q_BLOCK > 0),
         )  # fmt: skip
     # The masked tail (a tile or two, more on the causal diagonal) runs unpipelined: pipelining
@@ -410,7 +414,7 @@ def _mx_attention_fwd_kernel(
     for start_n in tl.range(full, hi, BN, num_stages=1):
         m, l, o_tilde = _attend_tile(
             m, l, o_tilde, q_op, kv, side, start_n, offs_m, qk_scale, lq, lk,
-            (BM, BN, DQ, DV), (True, CAUSAL, MASK_MODE, VARLEN), (PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT),
+            (BM, BN, DQ, DV), (True, CAUSAL, MASK_MODE, VARLEN), (PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, EXP_FLUSH),
             (DOT_SCALED, DOT_T, KV_BF16, QK_ELEM, V_ELEM, DEBUG_P, SMOOTH_Q_BLOCK > 0),
         )  # fmt: skip
 
@@ -580,6 +584,8 @@ def fwd_calls(
         P_CVT=p_cvt,
         QK_ELEM=qk_elem,
         SMOOTH_Q_BLOCK=0 if smooth_q is None else smooth_q[1],
+        # The interpreter's exp2 keeps subnormals; NVIDIA's flushes them (`cast.exp2_ftz`).
+        EXP_FLUSH=kernels_interpreted(),
     )
     opts = tuple(compile_options)
     if varlen is None:

@@ -7,6 +7,7 @@ the same exact integer / power-of-two arithmetic so the bytes agree bit for bit:
   (floor rule: E - Q_EXP; ceil rule with boundary q = (1 + Q_MANT / 2**23) * 2**Q_EXP:
   E - Q_EXP + [mantissa(M) > mantissa(q)]), clamped to [-127, 127], 0 for a zero block.
 - `bf16_pair_floats`: the two bf16 elements of int32 words as fp32 (the pre-pass's row loads).
+- `exp2_ftz`: the softmax's exp2, results below 2**-126 flushed to 0 on every target.
 - `exp2_int`: 2**e as fp32 for integer e in [-127, 127] (2**-127 is subnormal); `inv_exp2`: the
   exact inverse of such a power of two (up to 2**126), for divisions by a block scale.
 - `block_scale`: 2**e of the same rule, for the attention kernel's P~ blocks (maxima in
@@ -88,6 +89,23 @@ def block_scale(amax, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.conste
         return tl.maximum(field, 0x400000).to(tl.float32, bitcast=True)
     # A boundary below 2: subnormal maxima need shared_exponent's exact handling.
     return exp2_int(shared_exponent(amax, CEIL, Q_EXP, Q_MANT))
+
+
+# fp32's smallest normal, 2**-126: exp2 results below it are flushed to 0 (`exp2_ftz`).
+FP32_TINY: tl.constexpr = tl.constexpr(1.1754943508222875e-38)
+
+
+@triton.jit
+def exp2_ftz(x, FLUSH: tl.constexpr):
+    """2**x in fp32 with results below 2**-126 (fp32's subnormals) flushed to 0, NaN kept: the
+    softmax's exp (docs/design.md, 'Special values and overflow'). On NVIDIA GPUs Triton's exp2 is
+    `ex2.approx.ftz.f32`, which flushes by itself (H200, Triton 3.6); the non-flushing
+    `ex2.approx.f32` costs 3 more instructions per exp. FLUSH (where exp2 keeps subnormals:
+    Triton's interpreter) flushes with a select."""
+    y = tl.math.exp2(x)
+    if FLUSH:
+        y = tl.where(y < FP32_TINY, 0.0, y)
+    return y
 
 
 @triton.jit

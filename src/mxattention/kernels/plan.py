@@ -36,6 +36,7 @@ from mxattention.kernels.targets import (
     fwd_tiles,
     hw_e4m3_cast,
     matrix_path_for,
+    native_mx,
 )
 
 MAX_HEAD_DIM = 256
@@ -132,6 +133,19 @@ def scale_plan(scale: float, q_numel: int, k_numel: int) -> tuple[str, float]:
     if scale < 0 and _f32(-scale * LOG2E) > 0:
         return ("negate_q" if q_smaller else "negate_k"), -scale
     return ("zero_q" if q_smaller else "zero_k"), 1.0
+
+
+def dot_scaled_refusal(target: Target) -> str:
+    """Why matrix_path="dot_scaled" is refused on a GPU without native MX MMAs (`targets.native_mx`):
+    there Triton emulates `tl.dot_scaled`, which is never the default path ("bf16" does the same
+    decode with fewer instructions), and on sm_90 its emulation of P~V at Dv 32 reads shared memory
+    out of bounds (compute-sanitizer on the H200, Triton 3.6: an illegal memory access, dense and
+    varlen calls alike)."""
+    return (
+        f"matrix_path='dot_scaled' needs native MX MMAs (sm_100+ with Triton >= 3.9, sm_120, gfx950) or "
+        f"Triton's interpreter; on {target.name} Triton emulates tl.dot_scaled (out-of-bounds shared "
+        "memory reads at Dv 32 on sm_90): use matrix_path='bf16'"
+    )
 
 
 def default_matrix_path(device: torch.device) -> str:
@@ -355,6 +369,8 @@ def plan_call(
     bm, path, layout, warps, stages, options = launch_config(
         target, d, dv, matrix_path, block_m, kv_layout, num_warps, num_stages
     )
+    if path == "dot_scaled" and target is not None and not native_mx(target):
+        raise ValueError(dot_scaled_refusal(target))
     bn, wide, qe = cfg.block_n, layout == "bf16", cfg.q.elem
     scale_op, kscale = scale_plan(scale, query.numel(), key.numel())
     # The forward kernel: "gluon" (attention_fwd_hopper) where targets.GLUON_FWD lists the family

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from mxattention.kernels import targets
-from mxattention.kernels._triton import sm_count, tl, triton
+from mxattention.kernels._triton import tl, triton
 from mxattention.kernels.cast import block_scale, elem_round
 from mxattention.kernels.rules import KERNEL_ELEMS
 from mxattention.kernels.targets import Target, current_target, hw_e4m3_cast
@@ -66,9 +66,6 @@ BLOCK_M = 128  # query rows per CTA: two consumers of 64
 BLOCK_N = 128  # keys per tile (cfg.block_n must be this)
 # K^ / V^ ring stages, registers per consumer / producer thread (setmaxnreg), consumer pipelining.
 STAGES, CONSUMER_REGS, PRODUCER_REGS, OVERLAP, PINGPONG = 2, 240, 24, True, False
-# PERSISTENT: one CTA per SM walks work items (query tiles) pid, pid + SMs, ...: the producer brings
-# the next item's K^ / V^ while the consumers finish this one, and no CTA launch separates items.
-PERSISTENT = False
 
 
 if triton is not None:
@@ -142,34 +139,27 @@ if HAS_GLUON:
         return gl.where(e >= -126, (e + 127) << 23, 0x400000).to(gl.float32, bitcast=True)
 
     @gluon.jit
-    def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, H, GROUP, LKP, n_m,
-                  n_items, n_tiles, STAGES: gl.constexpr):  # fmt: skip
-        """For each work item of this CTA (`_item`), TMA K^_j, V^_j (rows bhk LKP + j BN of the
-        [B Hkv LKP, D] views) into ring slot g % STAGES, g counting this CTA's tiles, once both
-        consumers released it (a fresh barrier passes the parity-1 wait)."""
+    def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row0, n_tiles,
+                  STAGES: gl.constexpr):  # fmt: skip
+        """TMA K^_j, V^_j (rows kv_row0 + j BN of the [B Hkv LKP, D] views) into ring slot j % STAGES
+        once both consumers released it (a fresh barrier passes the parity-1 wait)."""
         BN: gl.constexpr = k_desc.block_type.shape[0]
-        g = 0
-        for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
-            bh = t // n_m
-            b = bh // H
-            kv_row0 = (b * (H // GROUP) + (bh - b * H) // GROUP) * LKP  # GQA: the kv head, no copy
-            for j in range(n_tiles):
-                slot = g % STAGES
-                phase = ((g // STAGES) & 1) ^ 1
-                mbarrier.wait(k_empty.index(slot), phase)
-                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-                _tma_load(k_desc, [kv_row0 + j * BN, 0], k_ready.index(slot), k_smem.index(slot))
-                mbarrier.wait(v_empty.index(slot), phase)
-                mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-                _tma_load(v_desc, [kv_row0 + j * BN, 0], v_ready.index(slot), v_smem.index(slot))
-                g += 1
+        for j in range(n_tiles):
+            slot = j % STAGES
+            phase = ((j // STAGES) & 1) ^ 1
+            mbarrier.wait(k_empty.index(slot), phase)
+            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+            _tma_load(k_desc, [kv_row0 + j * BN, 0], k_ready.index(slot), k_smem.index(slot))
+            mbarrier.wait(v_empty.index(slot), phase)
+            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [kv_row0 + j * BN, 0], v_ready.index(slot), v_smem.index(slot))
 
     @gluon.jit
-    def _scores(q_smem, k_smem, k_ready, g, zero, STAGES: gl.constexpr):
-        """Issue S = Q^ K^^T (async) on ring tile g once it has landed."""
-        mbarrier.wait(k_ready.index(g % STAGES), (g // STAGES) & 1)
+    def _scores(q_smem, k_smem, k_ready, j, zero, STAGES: gl.constexpr):
+        """Issue S = Q^ K^_j^T (async) once K^_j has landed."""
+        mbarrier.wait(k_ready.index(j % STAGES), (j // STAGES) & 1)
         return warpgroup_mma(
-            q_smem, k_smem.index(g % STAGES).permute((1, 0)), zero, use_acc=False, is_async=True
+            q_smem, k_smem.index(j % STAGES).permute((1, 0)), zero, use_acc=False, is_async=True
         )
 
     @gluon.jit
@@ -193,22 +183,20 @@ if HAS_GLUON:
         return m_new, alpha, l, p
 
     @gluon.jit
-    def _overlap_step(j, g0, e0, m, l, o_tilde, p, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn_mine,
+    def _overlap_step(j, m, l, o_tilde, p, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn_mine,
                       turn_other, zero, Lk, qk_scale, mma: gl.constexpr, dot_a: gl.constexpr, PNQ: gl.constexpr,
                       CEIL: gl.constexpr, Q_EXP: gl.constexpr, Q_MANT: gl.constexpr, P_ELEM: gl.constexpr,
                       P_CVT: gl.constexpr, STAGES: gl.constexpr, ME: gl.constexpr, PINGPONG: gl.constexpr,
                       MASKED: gl.constexpr):  # fmt: skip
         """Key tile j >= 1 with the overlap: S_j and P^_{j-1} V^_{j-1} in flight together, the
-        softmax of S_j under the latter; then O~ (P^_{j-1} V^_{j-1} added) times alpha_j. g0: the
-        ring position of this item's tile 0, e0: this item's first turn event (PINGPONG)."""
+        softmax of S_j under the latter; then O~ (P^_{j-1} V^_{j-1} added) times alpha_j."""
         BN: gl.constexpr = k_smem.type.shape[1]
-        g = g0 + j
-        slot = g % STAGES
-        prev = (g - 1) % STAGES
-        mbarrier.wait(k_ready.index(slot), (g // STAGES) & 1)
-        mbarrier.wait(v_ready.index(prev), ((g - 1) // STAGES) & 1)
+        slot = j % STAGES
+        prev = (j - 1) % STAGES
+        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
         if PINGPONG:
-            mbarrier.wait(turn_mine, ((e0 + j) & 1) ^ (1 - ME))
+            mbarrier.wait(turn_mine, (j & 1) ^ (1 - ME))
         s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
         o_tilde = warpgroup_mma(p, v_smem.index(prev), o_tilde, is_async=True)
         if PINGPONG:
@@ -224,37 +212,34 @@ if HAS_GLUON:
         return m, l, o_tilde, p_next
 
     @gluon.jit
-    def _plain_step(j, g0, m, l, o_tilde, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, zero, Lk,
+    def _plain_step(j, m, l, o_tilde, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, zero, Lk,
                     qk_scale, mma: gl.constexpr, dot_a: gl.constexpr, PNQ: gl.constexpr, CEIL: gl.constexpr,
                     Q_EXP: gl.constexpr, Q_MANT: gl.constexpr, P_ELEM: gl.constexpr, P_CVT: gl.constexpr,
                     STAGES: gl.constexpr, MASKED: gl.constexpr):  # fmt: skip
         """Key tile j without the overlap: S_j, softmax, O~ alpha + P^_j V^_j, each waited for."""
         BN: gl.constexpr = k_smem.type.shape[1]
-        g = g0 + j
-        slot = g % STAGES
-        s = _scores(q_smem, k_smem, k_ready, g, zero, STAGES)
+        slot = j % STAGES
+        s = _scores(q_smem, k_smem, k_ready, j, zero, STAGES)
         s, _k_done = warpgroup_mma_wait(0, deps=[s, k_smem.index(slot)])
         mbarrier.arrive(k_empty.index(slot))
         m, alpha, l, p = _softmax(
             s, m, l, j * BN, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, MASKED
         )
         o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
-        mbarrier.wait(v_ready.index(slot), (g // STAGES) & 1)
+        mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
         o_tilde = warpgroup_mma(p, v_smem.index(slot), o_tilde, is_async=True)
         o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(slot), p])
         mbarrier.arrive(v_empty.index(slot))
         return m, l, o_tilde
 
     @gluon.jit
-    def _consumer(Qc, Qs, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn_mine,
-                  turn_other, Lq, Lk, H, LQP, n_m, n_items, n_tiles, qk_scale, stride_ob, stride_oh, stride_om,
-                  stride_od, DQ: gl.constexpr, PNQ: gl.constexpr, CEIL: gl.constexpr, Q_EXP: gl.constexpr,
+    def _consumer(Qc, Qs, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                  q_row0, row0, lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od,
+                  DQ: gl.constexpr, PNQ: gl.constexpr, CEIL: gl.constexpr, Q_EXP: gl.constexpr,
                   Q_MANT: gl.constexpr, P_ELEM: gl.constexpr, P_CVT: gl.constexpr, QK_ELEM: gl.constexpr,
-                  OUT_MAX: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, ME: gl.constexpr,
-                  PINGPONG: gl.constexpr):  # fmt: skip
-        """Rows [64 ME, 64 ME + 64) of each work item's 128-row query tile: Q^, the key loop, the
-        epilogue. Work item t is query tile t % n_m of head t // n_m; a CTA takes items pid, pid +
-        programs, ... (one item each unless the grid is persistent)."""
+                  OUT_MAX: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, turn_mine, turn_other,
+                  ME: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
+        """Rows [row0, row0 + 64) of this CTA's query tile: the key loop and the epilogue."""
         R: gl.constexpr = q_smem.type.shape[0]
         BN: gl.constexpr = k_smem.type.shape[1]
         DV: gl.constexpr = v_smem.type.shape[2]
@@ -262,84 +247,71 @@ if HAS_GLUON:
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16]
         )
         dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        _q_hat_to_smem(Qc, Qs, q_row0, q_smem, DQ, QK_ELEM)
         zero = gl.zeros([R, BN], gl.float32, mma)
+        o_tilde = gl.zeros([R, DV], gl.float32, mma)
+        # m and l in the layout the block-max reduction gives (that of the `tl` kernel's m and l).
+        m = gl.max(
+            gl.max(gl.reshape(gl.full([R, BN], float("-inf"), gl.float32, mma), [R, BN // 32, 32]), 2), 1
+        )
+        l = gl.zeros_like(m)
         n_full = Lk // BN  # tiles whose keys are all valid: no select on their scores
-        k_item = 0
-        for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
-            bh = t // n_m
-            b = bh // H
-            row0 = (t - bh * n_m) * (2 * R) + ME * R
-            g0 = k_item * n_tiles  # ring position of this item's first key tile
-            e0 = k_item * (n_tiles + 1)  # this item's first turn event (PINGPONG)
-            k_item += 1
-            fence_async_shared()  # the last item's wgmmas read q_smem through the async proxy
-            _q_hat_to_smem(Qc, Qs, bh.to(gl.int64) * LQP + row0, q_smem, DQ, QK_ELEM)
-            o_tilde = gl.zeros([R, DV], gl.float32, mma)
-            # m and l in the layout the block-max reduction gives (that of the `tl` kernel's m and l).
-            m = gl.max(
-                gl.max(gl.reshape(gl.full([R, BN], float("-inf"), gl.float32, mma), [R, BN // 32, 32]), 2), 1
+        if OVERLAP:
+            # PINGPONG: the consumers take turns issuing their wgmmas (turn barriers, one arrive per
+            # turn), so one's softmax runs while the other's products use the tensor cores; the
+            # parity trick lets consumer 0 (ME = 0) pass its first wait on a fresh barrier.
+            mbarrier.wait(k_ready.index(0), 0)
+            if PINGPONG:
+                mbarrier.wait(turn_mine, 1 - ME)
+            s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turn_other)
+            s, _k_done = warpgroup_mma_wait(0, deps=[s, k_smem.index(0)])
+            mbarrier.arrive(k_empty.index(0))
+            m, alpha, l, p = _softmax(
+                s, m, l, 0, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, True
             )
-            l = gl.zeros_like(m)
-            if OVERLAP:
-                # PINGPONG: the consumers take turns issuing their wgmmas (turn barriers, one arrive
-                # per turn); the parity trick lets consumer 0 (ME = 0) pass its first wait on a fresh
-                # barrier.
-                mbarrier.wait(k_ready.index(g0 % STAGES), (g0 // STAGES) & 1)
-                if PINGPONG:
-                    mbarrier.wait(turn_mine, (e0 & 1) ^ (1 - ME))
-                s = warpgroup_mma(
-                    q_smem, k_smem.index(g0 % STAGES).permute((1, 0)), zero, use_acc=False, is_async=True
-                )
-                if PINGPONG:
-                    mbarrier.arrive(turn_other)
-                s, _k_done = warpgroup_mma_wait(0, deps=[s, k_smem.index(g0 % STAGES)])
-                mbarrier.arrive(k_empty.index(g0 % STAGES))
-                m, alpha, l, p = _softmax(
-                    s, m, l, 0, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, True
-                )
-                o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
-                for j in range(1, n_full):
-                    m, l, o_tilde, p = _overlap_step(
-                        j, g0, e0, m, l, o_tilde, p, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
-                        v_empty, turn_mine, turn_other, zero, Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP,
-                        Q_MANT, P_ELEM, P_CVT, STAGES, ME, PINGPONG, False,
-                    )  # fmt: skip
-                for j in range(gl.maximum(n_full, 1), n_tiles):
-                    m, l, o_tilde, p = _overlap_step(
-                        j, g0, e0, m, l, o_tilde, p, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
-                        v_empty, turn_mine, turn_other, zero, Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP,
-                        Q_MANT, P_ELEM, P_CVT, STAGES, ME, PINGPONG, True,
-                    )  # fmt: skip
-                g_last = g0 + n_tiles - 1
-                last = g_last % STAGES
-                mbarrier.wait(v_ready.index(last), (g_last // STAGES) & 1)
-                if PINGPONG:
-                    mbarrier.wait(turn_mine, ((e0 + n_tiles) & 1) ^ (1 - ME))
-                o_tilde = warpgroup_mma(p, v_smem.index(last), o_tilde, is_async=True)
-                if PINGPONG:
-                    mbarrier.arrive(turn_other)
-                o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(last), p])
-                mbarrier.arrive(v_empty.index(last))
-            else:
-                for j in range(0, n_full):
-                    m, l, o_tilde = _plain_step(
-                        j, g0, m, l, o_tilde, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, zero,
-                        Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, STAGES, False,
-                    )  # fmt: skip
-                for j in range(n_full, n_tiles):
-                    m, l, o_tilde = _plain_step(
-                        j, g0, m, l, o_tilde, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, zero,
-                        Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, STAGES, True,
-                    )  # fmt: skip
+            o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
+            for j in range(1, n_full):
+                m, l, o_tilde, p = _overlap_step(
+                    j, m, l, o_tilde, p, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                    turn_mine, turn_other, zero, Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM,
+                    P_CVT, STAGES, ME, PINGPONG, False,
+                )  # fmt: skip
+            for j in range(gl.maximum(n_full, 1), n_tiles):
+                m, l, o_tilde, p = _overlap_step(
+                    j, m, l, o_tilde, p, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                    turn_mine, turn_other, zero, Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM,
+                    P_CVT, STAGES, ME, PINGPONG, True,
+                )  # fmt: skip
+            last = (n_tiles - 1) % STAGES
+            mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+            if PINGPONG:
+                mbarrier.wait(turn_mine, (n_tiles & 1) ^ (1 - ME))
+            o_tilde = warpgroup_mma(p, v_smem.index(last), o_tilde, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turn_other)
+            o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(last), p])
+            mbarrier.arrive(v_empty.index(last))
+        else:
+            for j in range(0, n_full):
+                m, l, o_tilde = _plain_step(
+                    j, m, l, o_tilde, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, zero, Lk,
+                    qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, STAGES, False,
+                )  # fmt: skip
+            for j in range(n_full, n_tiles):
+                m, l, o_tilde = _plain_step(
+                    j, m, l, o_tilde, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, zero, Lk,
+                    qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, STAGES, True,
+                )  # fmt: skip
 
-            out, lse = _finish(o_tilde, gl.convert_layout(l, gl.SliceLayout(1, mma)),
-                               gl.convert_layout(m, gl.SliceLayout(1, mma)), OUT_MAX)  # fmt: skip
-            rows = row0 + gl.arange(0, R, layout=gl.SliceLayout(1, mma))
-            cols = gl.arange(0, DV, layout=gl.SliceLayout(0, mma))
-            out_base = b.to(gl.int64) * stride_ob + (bh - b * H).to(gl.int64) * stride_oh
-            optr = Out + out_base + rows[:, None].to(gl.int64) * stride_om + cols[None, :] * stride_od
-            gl.store(optr, out.to(Out.dtype.element_ty), mask=(rows[:, None] < Lq) & (cols[None, :] < DV))
-            gl.store(Lse + bh.to(gl.int64) * Lq + rows, lse, mask=rows < Lq)
+        out, lse = _finish(o_tilde, gl.convert_layout(l, gl.SliceLayout(1, mma)),
+                           gl.convert_layout(m, gl.SliceLayout(1, mma)), OUT_MAX)  # fmt: skip
+        rows = row0 + gl.arange(0, R, layout=gl.SliceLayout(1, mma))
+        cols = gl.arange(0, DV, layout=gl.SliceLayout(0, mma))
+        optr = Out + out_base + rows[:, None].to(gl.int64) * stride_om + cols[None, :] * stride_od
+        gl.store(optr, out.to(Out.dtype.element_ty), mask=(rows[:, None] < lq) & (cols[None, :] < DV))
+        gl.store(Lse + lse_base + rows, lse, mask=rows < lq)
 
     @gluon.jit
     def _mx_attention_fwd_hopper_kernel(
@@ -356,7 +328,6 @@ if HAS_GLUON:
         GROUP,
         LQP,
         LKP,
-        NUM_BH,
         stride_ob,
         stride_oh,
         stride_om,
@@ -379,6 +350,11 @@ if HAS_GLUON:
         BN: gl.constexpr = k_desc.block_type.shape[0]
         DV: gl.constexpr = v_desc.block_type.shape[1]
         R: gl.constexpr = 64
+        pid_m = gl.program_id(0)
+        bh = gl.program_id(1)
+        b = bh // H
+        h = bh % H
+        bhk = b * (H // GROUP) + h // GROUP  # GQA: the kv head, no copy
         q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([R, DQ], gl.bfloat16)
         q0 = gl.allocate_shared_memory(gl.bfloat16, [R, DQ], q_layout)
         q1 = gl.allocate_shared_memory(gl.bfloat16, [R, DQ], q_layout)
@@ -397,26 +373,28 @@ if HAS_GLUON:
         for i in gl.static_range(2):
             mbarrier.init(turns.index(i), count=1)
         n_tiles = (Lk + BN - 1) // BN
-        n_m = LQP // (2 * R)
-        n_items = n_m * NUM_BH
+        row0 = pid_m * (2 * R)
+        q_row0 = bh.to(gl.int64) * LQP + row0
+        out_base = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+        lse_base = bh.to(gl.int64) * Lq
         gl.warp_specialize(
             [
                 (
                     _consumer,
-                    (Qc, Qs, Out, Lse, q0, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns.index(0),
-                     turns.index(1), Lq, Lk, H, LQP, n_m, n_items, n_tiles, qk_scale, stride_ob, stride_oh,
-                     stride_om, stride_od, DQ, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES,
-                     OVERLAP, 0, PINGPONG),
+                    (Qc, Qs, Out, Lse, q0, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_row0, row0, Lq,
+                     Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od, DQ, PNQ, CEIL, Q_EXP,
+                     Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, OVERLAP, turns.index(0), turns.index(1), 0,
+                     PINGPONG),
                 ),
                 (
                     _consumer,
-                    (Qc, Qs, Out, Lse, q1, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns.index(1),
-                     turns.index(0), Lq, Lk, H, LQP, n_m, n_items, n_tiles, qk_scale, stride_ob, stride_oh,
-                     stride_om, stride_od, DQ, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES,
-                     OVERLAP, 1, PINGPONG),
+                    (Qc, Qs, Out, Lse, q1, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_row0 + R,
+                     row0 + R, Lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od, DQ, PNQ, CEIL,
+                     Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, OVERLAP, turns.index(1),
+                     turns.index(0), 1, PINGPONG),
                 ),
-                (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, H, GROUP, LKP,
-                             n_m, n_items, n_tiles, STAGES)),
+                (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bhk * LKP,
+                             n_tiles, STAGES)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -480,7 +458,7 @@ class GluonFwdCall:
     """One launch of the Gluon kernel: grid, positional arguments, constexprs, warps (the default
     partition's: consumer 0)."""
 
-    grid: tuple[int]
+    grid: tuple[int, int]
     args: tuple
     constants: dict
     num_warps: int = 4
@@ -505,14 +483,13 @@ def gluon_fwd_call(
     stages: int | None = None,
     overlap: bool | None = None,
     pingpong: bool | None = None,
-    persistent: bool | None = None,
 ) -> tuple[torch.Tensor, GluonFwdCall]:
     """(lse [B, Hq, Lq], the launch) for pre-pass outputs: Q^ = (codes [B, Hq, LQP, DQ/2] (E4M3:
     [.., DQ]), E8M0 bytes [B, Hq, LQP, DQ/32]), K^ [B, Hkv, LKP, 128] and V^ [B, Hkv, LKP, 128]
     bf16 (contiguous), out [B, Hq, Lq, 128] (any strides), as `attention_fwd.fwd_calls` takes
     them. p_cvt None: the hardware E4M3 cast where `targets.HW_E4M3_CAST` lists the target;
-    stages / overlap / pingpong / persistent None: the module's STAGES / OVERLAP / PINGPONG /
-    PERSISTENT (experiments pass others; PINGPONG needs OVERLAP)."""
+    stages / overlap / pingpong None: the module's STAGES / OVERLAP / PINGPONG (experiments pass
+    others; PINGPONG needs OVERLAP)."""
     qc, qs = q_packed
     bsz, hq, lqp, _ = qc.shape
     hk, lkp = kx.shape[1], kx.shape[2]
@@ -560,27 +537,8 @@ def gluon_fwd_call(
         CONSUMER_REGS=CONSUMER_REGS,
         PRODUCER_REGS=PRODUCER_REGS,
     )
-    args = (
-        qc,
-        qs,
-        k_desc,
-        v_desc,
-        out,
-        lse,
-        scale * LOG2E,
-        lq,
-        lk,
-        hq,
-        group,
-        lqp,
-        lkp,
-        bsz * hq,
-        *out.stride(),
-    )
-    n_items = lqp // BLOCK_M * bsz * hq
-    if PERSISTENT if persistent is None else persistent:
-        n_items = min(n_items, sm_count(qc.device) if qc.is_cuda else n_items)
-    return lse, GluonFwdCall((n_items,), args, constants)
+    args = (qc, qs, k_desc, v_desc, out, lse, scale * LOG2E, lq, lk, hq, group, lqp, lkp, *out.stride())
+    return lse, GluonFwdCall((lqp // BLOCK_M, bsz * hq), args, constants)
 
 
 def mx_attention_fwd_hopper(q_packed, kx, vx, **kwargs) -> torch.Tensor:

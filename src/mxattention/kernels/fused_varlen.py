@@ -46,10 +46,11 @@ __all__ = [
 
 def varlen_kernel_enabled() -> bool:
     """True where the one-launch varlen kernel runs: Triton's interpreter (the CPU tests) and, on a
-    GPU, only with MXATTENTION_VARLEN_KERNEL=1. On the H200 (2026-12-01) it raised an illegal memory
-    access on the dot_scaled path and gave O off by up to 49 on fp32 inputs at head dim 64 (the bf16,
-    head dim 128 case matched dense calls), so GPUs take `per_sequence_attention` until it is fixed
-    (docs/design.md, 'Varlen')."""
+    GPU, only with MXATTENTION_VARLEN_KERNEL=1. On the H200 (2026-12-01) it equalled dense calls per
+    sequence wherever diagnosed; its wrong O and illegal memory access there were the dense kernel's
+    (bf16 K^/V^ layout at padded Dv < D, dot_scaled emulation), now routed / refused by the plan.
+    GPUs keep `per_sequence_attention` until its tests pass there with the opt-in (docs/design.md,
+    'Varlen')."""
     return kernels_interpreted() or os.environ.get(VARLEN_KERNEL_ENV, "0") not in ("", "0")
 
 

@@ -32,6 +32,7 @@ from mxattention.kernels.rules import KERNEL_ELEMS, rule_constants
 from mxattention.kernels.targets import (
     MATRIX_PATHS,
     Target,
+    bf16_layout_ok,
     current_target,
     fwd_tiles,
     hw_e4m3_cast,
@@ -168,18 +169,27 @@ def launch_config(
     (`targets.current_target(device)`; None: the interpreter), the None arguments defaulted from
     `targets.fwd_tiles` / `targets.matrix_path_for`: dense and varlen calls share them, so a varlen
     call computes each sequence as the dense call of its rows does, bit for bit; `codegen` builds
-    the same launch offline."""
+    the same launch offline. The layout defaults to "bf16" on the bf16 path, except where
+    `targets.bf16_layout_ok` says the target gets these head dims wrong there (then "packed", and
+    an explicit "bf16" raises)."""
     tiles = fwd_tiles(
         target, padded_dim(max(d, dv)), block_m=block_m, num_warps=num_warps, num_stages=num_stages
     )
     path = matrix_path or matrix_path_for(target)
     if path not in MATRIX_PATHS:
         raise ValueError(f"matrix_path must be one of {MATRIX_PATHS}, got {path!r}")
-    layout = kv_layout or ("bf16" if path == "bf16" else "packed")
+    dims_ok = bf16_layout_ok(target, padded_dim(d), padded_dim(dv))
+    layout = kv_layout or ("bf16" if path == "bf16" and dims_ok else "packed")
     if layout not in KV_LAYOUTS:
         raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {layout!r}")
     if layout == "bf16" and path != "bf16":
         raise ValueError("bf16 K^ / V^ operands need matrix_path='bf16'")
+    if layout == "bf16" and not dims_ok:
+        raise ValueError(
+            f"kv_layout='bf16' with head dims {d} / {dv} (padded {padded_dim(d)} / {padded_dim(dv)}: V's "
+            f"below Q's and K's) gives wrong O on {target.name} (targets.BF16_LAYOUT_NEEDS_DV_GE_D): "
+            "use kv_layout='packed' (the default there)"
+        )
     return tiles.block_m, path, layout, tiles.num_warps, tiles.num_stages, tiles.options
 
 

@@ -171,6 +171,21 @@ HW_E4M3_CAST: frozenset[str] = frozenset({"sm_90"})
 GLUON_FWD: frozenset[str] = frozenset({"sm_90"})
 
 
+# Families where the attention kernel's bf16 K^/V^ layout computed wrong O with a padded Dv below
+# the padded D: H200, Triton 3.6 (2026-12-01), Dv 32 with D 64 or 128, block_n 128, dense and
+# varlen calls alike (rel-L2 0.5-1.4 against the reference; at D 128 an illegal memory access;
+# compute-sanitizer silent), while the packed layout and Dv >= D (32/32, 32/64, 64/64) were right.
+# There such calls default to kv_layout="packed", and an explicit "bf16" is refused
+# (`bf16_layout_ok`).
+BF16_LAYOUT_NEEDS_DV_GE_D: frozenset[str] = frozenset({"sm_90"})
+
+
+def bf16_layout_ok(target: Target | None, dp: int, dvp: int) -> bool:
+    """Whether the bf16 K^/V^ layout computes padded head dims `dp` (Q, K) and `dvp` (V) right on
+    `target` (`BF16_LAYOUT_NEEDS_DV_GE_D`; None, the interpreter: always)."""
+    return target is None or target.family not in BF16_LAYOUT_NEEDS_DV_GE_D or dvp >= dp
+
+
 def hw_e4m3_cast(target: Target | None) -> bool:
     """Whether the attention kernel rounds E4M3 P~ by the hardware cast on `target` (`HW_E4M3_CAST`)."""
     return target is not None and target.family in HW_E4M3_CAST

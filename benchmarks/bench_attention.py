@@ -206,9 +206,9 @@ def uncast_kernel():
         """fn (a jit function or a plain one) built again with `names` in its globals."""
         fn = getattr(fn, "fn", fn)  # the Python function under the JIT (or interpreter) wrapper
         scope = {**fn.__globals__, **fwd.__dict__, **names}  # triton.language visible, as the kernel's
-        return triton.jit(
-            types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
-        )
+        copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+        copy.__annotations__ = dict(fn.__annotations__)  # the constexpr marks (compiled Triton reads them)
+        return triton.jit(copy)
 
     tile = variant(fwd._attend_tile, elem_round=variant(_no_round))
     return variant(fwd._mx_attention_fwd_kernel, _attend_tile=tile)

@@ -265,3 +265,40 @@ def test_bf16_layout_needs_v_as_wide_as_k_on_sm_90(monkeypatch):
     assert plan.plan_call(cfg, q, k, v, scale=0.1).kv_layout == "bf16"
     _on(monkeypatch, None)
     assert plan.plan_call(cfg, q, k, v, scale=0.1, matrix_path="bf16", kv_layout="bf16").kv_layout == "bf16"
+
+
+_UNCAST_BUILD = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+import bench_attention as bench
+from mxattention.kernels import attention_fwd as fwd
+from mxattention.kernels.codegen import compile_offline
+from mxattention.kernels.rules import rule_constants
+from mxattention.kernels.targets import SM_90A
+h, n, d, u8 = 1, 256, 128, torch.uint8
+q = (torch.empty(1, h, n, d // 2, dtype=u8), torch.empty(1, h, n, d // 32, dtype=u8))
+kv = torch.empty(1, h, n, d, dtype=torch.bfloat16)
+pr = rule_constants("uos")
+_, (call,) = fwd.fwd_calls(
+    q, kv, kv, lq=n, lk=n, dv=d, group=1, out=torch.empty(1, h, n, d, dtype=torch.bfloat16),
+    p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=True, block_n=128, scale=0.1, matrix_path="bf16",
+)
+for kernel in (fwd._mx_attention_fwd_kernel, bench.uncast_kernel()):
+    built, _ = compile_offline(kernel, call.args, dict(call.constants, num_warps=8, num_stages=3), SM_90A)
+    print(len(built.asm["ptx"].splitlines()))
+"""
+
+
+def test_benchmark_uncast_variant_compiles():
+    """The benchmark's variant builds with compiled Triton (offline, sm_90a: what the H200 sweep
+    runs), with fewer instructions than the kernel (the cast is gone)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cmd = [sys.executable, "-c", _UNCAST_BUILD, str(ROOT / "benchmarks")]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    kernel, uncast = (int(x) for x in out.stdout.split())
+    assert uncast < kernel - 500, (kernel, uncast)

@@ -76,3 +76,14 @@ def test_error_bound_half_step(x, rule, elem):
     if rule == "tfs":
         assert not bool(saturated.any())
     assert int(saturated.sum()) <= n
+
+
+def test_pow2_is_exact_over_the_e8m0_range():
+    """`formats.mx.pow2`: 2**e from the bits for every E8M0 exponent (2**-127 subnormal, 128 -> inf),
+    the scales every cast multiplies by; torch.exp2 flushes 2**-127 to 0 on CUDA (H200)."""
+    from mxattention.formats.mx import pow2
+
+    e = torch.arange(-127, 129)
+    want = torch.tensor([2.0**k if k < 128 else float("inf") for k in range(-127, 129)], dtype=torch.float32)
+    assert torch.equal(pow2(e), want)
+    assert pow2(torch.tensor([-127]))[0].item() == 2.0**-127 > 0

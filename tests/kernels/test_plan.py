@@ -239,29 +239,34 @@ def test_dot_scaled_refused_without_native_mx(monkeypatch):
         assert plan.plan_call(cfg, q, k, v, scale=0.1, matrix_path="dot_scaled").matrix_path == "dot_scaled"
 
 
-def test_bf16_layout_needs_v_as_wide_as_k_on_sm_90(monkeypatch):
-    """On sm_90 the bf16 K^/V^ layout gave wrong O with padded Dv < padded D (H200, Triton 3.6: Dv 32
-    with D 64 / 128), so there such calls take the packed layout and an explicit "bf16" raises;
-    Dv >= D keeps the bf16 layout, and other targets (the interpreter) are untouched."""
+def test_narrow_v_routed_on_sm_90(monkeypatch):
+    """On sm_90 the kernel was wrong with V's padded head dim 32 under a wider Q / K (H200, Triton
+    3.6): such calls take the packed layout at D 64 (right there) and the reference at D 128 (wrong
+    in both layouts: a refusal, which the ops turn into a counted fallback); an explicit "bf16"
+    layout raises; other head dims and other targets keep the bf16 layout."""
     cfg = get_method("mxattention")
     _on(monkeypatch, targets.SM_90A)
     for d, dv, layout in (
         (64, 32, "packed"),
-        (128, 32, "packed"),
-        (80, 48, "packed"),
+        (80, 48, "bf16"),
         (32, 64, "bf16"),
         (64, 64, "bf16"),
+        (128, 64, "bf16"),
     ):
         q, k, v = qkv(1, 2, 2, 64, 64, d, dv=dv)
         assert plan.plan_call(cfg, q, k, v, scale=0.1).kv_layout == layout, (d, dv)
+    q, k, v = qkv(1, 2, 2, 64, 64, 128, dv=32)
+    p = plan.plan_call(cfg, q, k, v, scale=0.1)
+    assert not p.runs and "head dims 128 / 32" in p.reason and "NARROW_V_BROKEN" in p.refusal
+    with pytest.raises(ValueError, match="head dims 128 / 32"):
+        fused_attention(q, k, v, cfg, scale=0.1)
     q, k, v = qkv(1, 2, 2, 64, 64, 64, dv=32)
     with pytest.raises(ValueError, match="kv_layout='bf16' with head dims 64 / 32 .* use kv_layout='packed'"):
         plan.plan_call(cfg, q, k, v, scale=0.1, kv_layout="bf16")
     packed = (q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1))
     cu = torch.tensor([0, 20, 64], dtype=torch.int32)
-    varlen = plan.plan_call(cfg, *packed, scale=0.1, varlen=(cu, cu, 44, 44))
-    assert varlen.kv_layout == "packed"
-    monkeypatch.setattr(targets, "BF16_LAYOUT_NEEDS_DV_GE_D", frozenset())
+    assert plan.plan_call(cfg, *packed, scale=0.1, varlen=(cu, cu, 44, 44)).kv_layout == "packed"
+    monkeypatch.setattr(targets, "NARROW_V_BROKEN", frozenset())
     assert plan.plan_call(cfg, q, k, v, scale=0.1).kv_layout == "bf16"
     _on(monkeypatch, None)
     assert plan.plan_call(cfg, q, k, v, scale=0.1, matrix_path="bf16", kv_layout="bf16").kv_layout == "bf16"

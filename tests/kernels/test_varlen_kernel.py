@@ -21,15 +21,14 @@ from mxattention.kernels import attention_fwd, fused_varlen, prepass, varlen_op
 from mxattention.kernels.fused import fused_attention
 from mxattention.kernels.fused_varlen import fused_varlen_attention, per_sequence_attention
 
-# The one-launch kernel equals one dense call per sequence on the H200 too (2026-12-01, every case
-# of the gpubugs diagnostics); its wrong O there came from the dense kernel's own fault (the bf16
-# K^/V^ layout at padded Dv < D, `targets.BF16_LAYOUT_NEEDS_DV_GE_D`) and its illegal memory access
-# from Triton's dot_scaled emulation (now refused, `plan.dot_scaled_refusal`). GPUs still run
-# per_sequence_attention by default (fused_varlen.varlen_kernel_enabled); these tests call the
-# kernel itself, on a GPU only with that opt-in (MXATTENTION_VARLEN_KERNEL=1) set.
+# The one-launch kernel equals one dense call per sequence on the H200 too (2026-12-01: these tests
+# passed there, and the gpubugs diagnostics); its wrong O there had been the dense kernel's (V's
+# padded head dim 32 under Q's, `targets.NARROW_V_BROKEN`) and its illegal memory access Triton's
+# dot_scaled emulation (refused, `plan.dot_scaled_refusal`). MXATTENTION_VARLEN_KERNEL=0 (dense calls
+# per sequence) skips them on a GPU.
 UNCHECKED_ON_GPU = pytest.mark.skipif(
     torch.cuda.is_available() and not fused_varlen.varlen_kernel_enabled(),
-    reason="the one-launch varlen kernel runs on GPUs only with MXATTENTION_VARLEN_KERNEL=1",
+    reason="MXATTENTION_VARLEN_KERNEL=0: the one-launch varlen kernel does not run on this GPU",
 )
 
 
@@ -209,13 +208,16 @@ def test_per_sequence_path_equals_the_varlen_kernel(device):
     dev = [x.to(device) for x in (q, k, v, cu_q, cu_k)]
     a = per_sequence_attention(*dev[:3], cu_q.tolist(), cu_k.tolist(), cfg, scale=0.2)
     if device == "cuda" and not fused_varlen.varlen_kernel_enabled():
-        pytest.skip("the one-launch kernel runs on GPUs only with MXATTENTION_VARLEN_KERNEL=1")
+        pytest.skip("MXATTENTION_VARLEN_KERNEL=0: the one-launch kernel does not run on this GPU")
     b = fused_varlen_attention(*dev, 40, 70, cfg, scale=0.2)
     assert same(a[0], b[0]) and same(a[1], b[1])
 
 
-def test_gpus_take_the_per_sequence_path(monkeypatch):
-    # Outside the interpreter the op runs per_sequence_attention unless MXATTENTION_VARLEN_KERNEL=1.
+def test_opt_out_takes_the_per_sequence_path(monkeypatch):
+    # Outside the interpreter the op runs the one-launch kernel unless MXATTENTION_VARLEN_KERNEL=0,
+    # and then per_sequence_attention. CPU tensors through the kernels: the interpreter only.
+    if torch.cuda.is_available():
+        pytest.skip("CPU tensors reach the kernels only on the interpreter")
     calls = []
     monkeypatch.setenv("MXATTENTION_CPU_KERNELS", "1")
     monkeypatch.setattr(fused_varlen, "kernels_interpreted", lambda: False)
@@ -233,8 +235,9 @@ def test_gpus_take_the_per_sequence_path(monkeypatch):
     monkeypatch.setattr(varlen_op, "fused_varlen_attention", lambda *a, **kw: pytest.fail("kernel ran"))
     q, k, v, cu_q, cu_k = packed([5, 7], [9, 3], seed=7)
     cfg_key = "mxattention"
+    monkeypatch.setenv(fused_varlen.VARLEN_KERNEL_ENV, "0")
     varlen_op.varlen_op(q, k, v, cu_q, cu_k, -1, -1, False, 0.2, cfg_key)
     assert calls == [1]
-    monkeypatch.setenv(fused_varlen.VARLEN_KERNEL_ENV, "1")
+    monkeypatch.delenv(fused_varlen.VARLEN_KERNEL_ENV)
     with pytest.raises(pytest.fail.Exception, match="kernel ran"):
         varlen_op.varlen_op(q, k, v, cu_q, cu_k, -1, -1, False, 0.2, cfg_key)

@@ -1,6 +1,7 @@
 """MX block quantization (OCP Microscaling v1.0) with a choice of shared-scale rule.
 
-Exposes `mx_quantize` (packed codes + E8M0 scales in an `MXTensor`) and `fake_quantize`
+Exposes `mx_quantize` (packed codes + E8M0 scales in an `MXTensor`), `pow2` (exact 2**e on every
+device) and `fake_quantize`
 (the dequantized values, in the input's dtype). Both:
 
 - split `axis` into blocks of `block_size` consecutive elements (zero-padding a ragged tail
@@ -61,7 +62,7 @@ class MXTensor:
         codes = self.codes
         vals = decode_codes(codes, self.ladder).unflatten(-1, (-1, self.block_size))
         exps = self.scales.to(torch.int32) - E8M0_BIAS
-        out = vals * torch.exp2(exps.to(torch.float32)).unsqueeze(-1)
+        out = vals * pow2(exps).unsqueeze(-1)
         out = torch.where((self.scales == E8M0_NAN).unsqueeze(-1), float("nan"), out)
         n = self.shape[self.axis]
         out = out.flatten(-2)[..., :n].movedim(-1, self.axis)
@@ -77,12 +78,21 @@ def _blocks(x: torch.Tensor, axis: int, block_size: int) -> torch.Tensor:
     return xf.unflatten(-1, (-1, block_size))
 
 
+def pow2(e: torch.Tensor) -> torch.Tensor:
+    """2**e as float32 for integer e in [-127, 128] (2**-127 subnormal, 2**128 = inf), built from
+    the bits so it is exact on every device: CUDA's torch.exp2 flushes 2**-127 to 0 (the H200's
+    reference zeroed every P~ block scaled 2**-127, test_pv8_causal_tiles_and_tiny_p_blocks)."""
+    e = e.to(torch.int32)
+    bits = torch.where(e >= -126, (e + 127) << 23, torch.full_like(e, 0x400000))
+    return bits.view(torch.float32)
+
+
 def _block_scale(xb: torch.Tensor, rule: ScaleRule, ladder: ElementLadder):
     """(exponent int32, bad-block mask, 2**-e float32) per block of xb (*, n_blocks, block_size)."""
     amax = xb.abs().amax(dim=-1)
     bad = ~torch.isfinite(amax)
     e = shared_exponent(amax, rule, ladder)
-    inv = torch.exp2(-e.to(torch.float32))
+    inv = pow2(-e)
     return e, bad, inv
 
 
@@ -129,6 +139,6 @@ def fake_quantize(
     n = x.shape[axis]
     xb = _blocks(x, axis, block_size)
     e, bad, inv = _block_scale(xb, rule_, ladder)
-    scale = torch.where(bad, float("nan"), torch.exp2(e.to(torch.float32)))
+    scale = torch.where(bad, float("nan"), pow2(e))
     out = round_to_ladder(xb * inv.unsqueeze(-1), ladder).mul_(scale.unsqueeze(-1))
     return out.flatten(-2)[..., :n].movedim(-1, axis).to(x.dtype)

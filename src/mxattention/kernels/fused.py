@@ -92,7 +92,7 @@ def fused_attention(
     `kv_layout`: "packed" (E2M1 bytes + E8M0 scales, decoded in the inner loop: 0.53 bytes per element)
     or "bf16" (the pre-pass writes the exact dequantized K^, V^ in bf16: 2 bytes per element, and the
     inner loop only multiplies); default "bf16" on the Hopper path (but "packed" where V's padded
-    head dim is below Q's on sm_90: `targets.BF16_LAYOUT_NEEDS_DV_GE_D`), "packed" for dot_scaled.
+    head dim is 32 under Q's 64 on sm_90: `targets.NARROW_V_BROKEN`), "packed" for dot_scaled.
     `kv_chunk_bytes` (bf16 layout): the pre-pass and the kernel run over groups of KV heads whose
     K^ + V^ take at most this many bytes (at least one head per group); "auto" (default) means
     max(KV_CHUNK_MIN_BYTES, the packed K/V bytes of the call), None one group. With Q smoothing

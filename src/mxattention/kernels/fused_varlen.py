@@ -2,8 +2,7 @@
 
 Exposes `fused_varlen_attention` (plans the call with `plan.plan_call(..., varlen=...)`, or takes a
 plan, and runs it), `per_sequence_attention` (one dense `fused_attention` call per sequence on
-views: what GPUs run until the one-launch kernel is checked there, `KernelPlan.varlen` ==
-"per_sequence") and `varlen_kernel_enabled` (which `plan_call` asks); `varlen_reason` is
+views: what MXATTENTION_VARLEN_KERNEL=0 runs, `KernelPlan.varlen` == "per_sequence") and `varlen_kernel_enabled` (which `plan_call` asks); `varlen_reason` is
 `plan`'s. Inputs in flash-attn's varlen layout (q [total_q, H, D], k / v
 [total_k, Hkv, D], int32 prefix sums; the checks of `attention.varlen` are the caller's job).
 
@@ -45,13 +44,11 @@ __all__ = [
 
 
 def varlen_kernel_enabled() -> bool:
-    """True where the one-launch varlen kernel runs: Triton's interpreter (the CPU tests) and, on a
-    GPU, only with MXATTENTION_VARLEN_KERNEL=1. On the H200 (2026-12-01) it equalled dense calls per
-    sequence wherever diagnosed; its wrong O and illegal memory access there were the dense kernel's
-    (bf16 K^/V^ layout at padded Dv < D, dot_scaled emulation), now routed / refused by the plan.
-    GPUs keep `per_sequence_attention` until its tests pass there with the opt-in (docs/design.md,
-    'Varlen')."""
-    return kernels_interpreted() or os.environ.get(VARLEN_KERNEL_ENV, "0") not in ("", "0")
+    """True where the one-launch varlen kernel runs: everywhere unless MXATTENTION_VARLEN_KERNEL=0
+    (then `per_sequence_attention`, one dense call per sequence; the interpreter always runs the
+    kernel). On the H200 (2026-12-01) it equalled the dense calls per sequence and took 1.28 vs
+    4.73 ms (8 videos) and 1.48 vs 124 ms (128 short sequences) (docs/design.md, 'Varlen')."""
+    return kernels_interpreted() or os.environ.get(VARLEN_KERNEL_ENV, "1") not in ("", "0")
 
 
 def per_sequence_attention(

@@ -32,11 +32,11 @@ from mxattention.kernels.rules import KERNEL_ELEMS, rule_constants
 from mxattention.kernels.targets import (
     MATRIX_PATHS,
     Target,
-    bf16_layout_ok,
     current_target,
     fwd_tiles,
     hw_e4m3_cast,
     matrix_path_for,
+    narrow_v,
     native_mx,
 )
 
@@ -170,25 +170,25 @@ def launch_config(
     `targets.fwd_tiles` / `targets.matrix_path_for`: dense and varlen calls share them, so a varlen
     call computes each sequence as the dense call of its rows does, bit for bit; `codegen` builds
     the same launch offline. The layout defaults to "bf16" on the bf16 path, except where
-    `targets.bf16_layout_ok` says the target gets these head dims wrong there (then "packed", and
-    an explicit "bf16" raises)."""
+    `targets.narrow_v` says the target gets these head dims wrong there (then "packed", and an
+    explicit "bf16" raises)."""
     tiles = fwd_tiles(
         target, padded_dim(max(d, dv)), block_m=block_m, num_warps=num_warps, num_stages=num_stages
     )
     path = matrix_path or matrix_path_for(target)
     if path not in MATRIX_PATHS:
         raise ValueError(f"matrix_path must be one of {MATRIX_PATHS}, got {path!r}")
-    dims_ok = bf16_layout_ok(target, padded_dim(d), padded_dim(dv))
-    layout = kv_layout or ("bf16" if path == "bf16" and dims_ok else "packed")
+    narrow = narrow_v(target, padded_dim(d), padded_dim(dv))
+    layout = kv_layout or ("bf16" if path == "bf16" and not narrow else "packed")
     if layout not in KV_LAYOUTS:
         raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {layout!r}")
     if layout == "bf16" and path != "bf16":
         raise ValueError("bf16 K^ / V^ operands need matrix_path='bf16'")
-    if layout == "bf16" and not dims_ok:
+    if layout == "bf16" and narrow:
         raise ValueError(
             f"kv_layout='bf16' with head dims {d} / {dv} (padded {padded_dim(d)} / {padded_dim(dv)}: V's "
-            f"below Q's and K's) gives wrong O on {target.name} (targets.BF16_LAYOUT_NEEDS_DV_GE_D): "
-            "use kv_layout='packed' (the default there)"
+            f"32 under Q's and K's) gives wrong O on {target.name} (targets.NARROW_V_BROKEN): use "
+            "kv_layout='packed' (the default there)"
         )
     return tiles.block_m, path, layout, tiles.num_warps, tiles.num_stages, tiles.options
 
@@ -381,6 +381,12 @@ def plan_call(
     )
     if path == "dot_scaled" and target is not None and not native_mx(target):
         raise ValueError(dot_scaled_refusal(target))
+    if narrow_v(target, padded_dim(d), padded_dim(dv)) == "reference":
+        why = (
+            f"head dims {d} / {dv} (V's padded to 32 under Q's {padded_dim(d)}) give wrong O in the "
+            f"kernels on {target.name} (targets.NARROW_V_BROKEN)"
+        )
+        return KernelPlan(cfg.name, why, why)
     bn, wide, qe = cfg.block_n, layout == "bf16", cfg.q.elem
     scale_op, kscale = scale_plan(scale, query.numel(), key.numel())
     # The forward kernel: "gluon" (attention_fwd_hopper) where targets.GLUON_FWD lists the family

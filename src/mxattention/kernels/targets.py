@@ -171,19 +171,22 @@ HW_E4M3_CAST: frozenset[str] = frozenset({"sm_90"})
 GLUON_FWD: frozenset[str] = frozenset({"sm_90"})
 
 
-# Families where the attention kernel's bf16 K^/V^ layout computed wrong O with a padded Dv below
-# the padded D: H200, Triton 3.6 (2026-12-01), Dv 32 with D 64 or 128, block_n 128, dense and
-# varlen calls alike (rel-L2 0.5-1.4 against the reference; at D 128 an illegal memory access;
-# compute-sanitizer silent), while the packed layout and Dv >= D (32/32, 32/64, 64/64) were right.
-# There such calls default to kv_layout="packed", and an explicit "bf16" is refused
-# (`bf16_layout_ok`).
-BF16_LAYOUT_NEEDS_DV_GE_D: frozenset[str] = frozenset({"sm_90"})
+# Families where the attention kernel is wrong when V's padded head dim is 32 under a wider Q / K:
+# H200, Triton 3.6 (2026-12-01), fused_attention against the CPU reference, dense and varlen calls
+# alike: the bf16 K^/V^ layout at D 64 and 128 with Dv 32 (rel-L2 0.5-1.4; at D 128 an illegal
+# memory access; compute-sanitizer silent), the packed layout at D 128 / Dv 32 (0.16), while the
+# packed layout at D 64 / Dv 32 and the bf16 layout at D / Dv 32/32, 32/64, 64/64, 128/64, 128/96
+# and 256/128 were right (3e-8). There (`narrow_v`) such calls take the packed layout at D 64 and
+# the PyTorch reference (a counted fallback) above, and an explicit kv_layout="bf16" is refused.
+NARROW_V_BROKEN: frozenset[str] = frozenset({"sm_90"})
 
 
-def bf16_layout_ok(target: Target | None, dp: int, dvp: int) -> bool:
-    """Whether the bf16 K^/V^ layout computes padded head dims `dp` (Q, K) and `dvp` (V) right on
-    `target` (`BF16_LAYOUT_NEEDS_DV_GE_D`; None, the interpreter: always)."""
-    return target is None or target.family not in BF16_LAYOUT_NEEDS_DV_GE_D or dvp >= dp
+def narrow_v(target: Target | None, dp: int, dvp: int) -> str:
+    """What padded head dims `dp` (Q, K) / `dvp` (V) need on `target` (`NARROW_V_BROKEN`): "" (the
+    kernels as usual), "packed" (only the packed K^/V^ layout was right) or "reference" (neither)."""
+    if target is None or target.family not in NARROW_V_BROKEN or dvp > 32 or dp <= 32:
+        return ""
+    return "packed" if dp <= 64 else "reference"
 
 
 def hw_e4m3_cast(target: Target | None) -> bool:

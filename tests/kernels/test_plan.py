@@ -83,6 +83,8 @@ def test_forward_kernel_is_chosen_in_the_plan(monkeypatch):
 def test_reasons_in_todays_words(monkeypatch):
     """plan.reason is what unsupported_reason, then scale_reason, then varlen_reason say; a plan the
     kernels cannot compute has nothing else, and fused_attention raises its reason."""
+    if torch.cuda.is_available():  # on a GPU machine the reason is the device (H200, 2026-12-01)
+        pytest.skip("CPU tensors reach the kernels only on the interpreter")
     monkeypatch.setenv("MXATTENTION_CPU_KERNELS", "1")
     q, k, v = qkv(1, 2, 2, 16, 16, 64)
     for name, scale in (("nvfp4", 0.1), ("fp", 0.1), ("mxattention", float("inf"))):
@@ -181,10 +183,15 @@ def test_benchmark_uncast_variant(device):
             attention_fwd.mx_attention_fwd(*ops, **kw)
         outs.append(out.cpu())
     qh, kh = (fake_quantize(rotate(x.cpu().float()), -1, rule="uos") for x in (q, k))
-    exact = torch.softmax(qh @ kh.transpose(-1, -2) * 0.125, -1) @ fake_quantize(
-        v.cpu().float(), -2, rule="uos"
-    )
-    assert (outs[0] - exact).abs().max() < 1e-5
+    s = qh @ kh.transpose(-1, -2) * 0.125
+    p = torch.exp(s - s.amax(-1, keepdim=True))
+    # On a GPU the PV wgmma takes P~ in bf16 (the interpreter's dot is fp32): 0.0048 from the
+    # fp32-P~ value on the H200 (2026-12-01), so there the exact value rounds P~ to bf16 too, and
+    # an exp-vs-exp2 ulp may flip one rounding: a looser bound, still far below the cast's effect.
+    on_gpu = device == "cuda"
+    pv = p.bfloat16().float() if on_gpu else p
+    exact = (pv @ fake_quantize(v.cpu().float(), -2, rule="uos")) / p.sum(-1, keepdim=True)
+    assert (outs[0] - exact).abs().max() < (1e-3 if on_gpu else 1e-5)
     assert (outs[1] - exact).abs().max() > 1e-2  # the production kernel casts P~
 
 

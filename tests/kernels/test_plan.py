@@ -267,6 +267,10 @@ def test_narrow_v_routed_on_sm_90(monkeypatch):
     assert not p.runs and "head dims 128 / 32" in p.reason and "NARROW_V_BROKEN" in p.refusal
     with pytest.raises(ValueError, match="head dims 128 / 32"):
         fused_attention(q, k, v, cfg, scale=0.1)
+    # An explicit bf16 layout there raises without pointing at the packed one (wrong there too).
+    with pytest.raises(ValueError, match="kv_layout='bf16' with head dims 128 / 32") as err:
+        plan.plan_call(cfg, q, k, v, scale=0.1, kv_layout="bf16")
+    assert "use kv_layout='packed'" not in str(err.value) and "PyTorch reference" in str(err.value)
     q, k, v = qkv(1, 2, 2, 64, 64, 64, dv=32)
     with pytest.raises(ValueError, match="kv_layout='bf16' with head dims 64 / 32 .* use kv_layout='packed'"):
         plan.plan_call(cfg, q, k, v, scale=0.1, kv_layout="bf16")

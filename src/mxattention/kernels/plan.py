@@ -185,10 +185,15 @@ def launch_config(
     if layout == "bf16" and path != "bf16":
         raise ValueError("bf16 K^ / V^ operands need matrix_path='bf16'")
     if layout == "bf16" and narrow:
+        # At D 64 the packed layout is right; above it neither layout is: the plan takes the reference.
+        fix = (
+            "use kv_layout='packed' (the default there)"
+            if narrow == "packed"
+            else "no K^/V^ layout is right at these head dims there; such calls run on the PyTorch reference"
+        )
         raise ValueError(
             f"kv_layout='bf16' with head dims {d} / {dv} (padded {padded_dim(d)} / {padded_dim(dv)}: V's "
-            f"32 under Q's and K's) gives wrong O on {target.name} (targets.NARROW_V_BROKEN): use "
-            "kv_layout='packed' (the default there)"
+            f"32 under Q's and K's) gives wrong O on {target.name} (targets.NARROW_V_BROKEN): {fix}"
         )
     return tiles.block_m, path, layout, tiles.num_warps, tiles.num_stages, tiles.options
 

@@ -42,9 +42,6 @@ from mxattention.kernels.targets import (
 
 MAX_HEAD_DIM = 256
 KV_LAYOUTS = ("packed", "bf16")
-FWD_KERNEL_NAMES = (
-    "tl",
-)  # the forward kernels `fused` can launch ("gluon": kernels/attention_fwd_hopper.py)
 CPU_KERNELS_ENV = "MXATTENTION_CPU_KERNELS"
 # The bf16 K^/V^ layout runs in head chunks whose K^ + V^ take at most max(this, the packed K/V bytes
 # of the whole call): extra memory stays within the packed operands plus a constant, and a chunk

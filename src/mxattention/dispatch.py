@@ -2,8 +2,9 @@
 
 Imports flow one way: this module sits above `attention` and `kernels`. Arguments are checked here,
 once; the call itself is the custom op `mxattention::sdpa` (see `mxattention.kernels.op`), which
-runs the fused Triton kernels for CUDA tensors (or any tensors under TRITON_INTERPRET=1) and an
-all-MXFP4 method without smoothing, and otherwise the reference, warning once per reason.
+runs the fused Triton kernels for CUDA tensors (or CPU tensors under TRITON_INTERPRET=1 with
+MXATTENTION_CPU_KERNELS=1) and a method they compute (MXFP4 / MXFP8 E4M3 operands, Q smoothing
+included: `kernels.plan.plan_call`), and otherwise the reference, warning once per reason.
 """
 
 from __future__ import annotations

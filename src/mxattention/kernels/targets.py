@@ -4,9 +4,10 @@ Exposes `Target` (backend + architecture, as Triton's `GPUTarget`), `current_tar
 Triton reports for a torch device; None on the CPU interpreter), `native_mx(target)` /
 `matrix_path_for(target)` (where `tl.dot_scaled` on E2M1 is native and this Triton builds it:
 `NATIVE_MX_MIN_TRITON`), `FwdTiles` and `fwd_tiles(target, dp, ...)` (the attention kernel's tile
-config, read from the frozen table `FWD_TILES`), `GLUON_FWD` (where the Gluon forward is the default),
-`hw_e4m3_cast` (`HW_E4M3_CAST`) and `SHARED_BYTES` (per-block shared memory a
-launch may use). `kernels.plan.plan_call` reads them all.
+config, read from the frozen table `FWD_TILES`), `MATRIX_PATHS`, `GLUON_FWD` (where the Gluon
+forward is the default), `hw_e4m3_cast` (`HW_E4M3_CAST`), `narrow_v` (`NARROW_V_BROKEN`: head dims
+a target computes wrong) and `SHARED_BYTES` (per-block shared memory a launch may use).
+`kernels.plan.plan_call` reads them all.
 
 The matrix path (docs/design.md, 'Kernel plan') is chosen by the architecture Triton reports,
 never by a CUDA capability number alone: ROCm's torch reports MI350 (gfx950) as capability 9.5,

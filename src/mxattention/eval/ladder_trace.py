@@ -351,6 +351,7 @@ def _inputs_sentence(per: Sequence[dict[str, Any]]) -> str:
 
 
 def render_markdown(res: dict[str, Any]) -> str:
+    """ladder_trace.md of a run's result `res` (`run`'s: per_seed, summary, meta)."""
     meta, summ, per = res["meta"], res["summary"], res["per_seed"]
     lines = [
         "# Is the missed +6 dB real? `mxattention-pv8` against `mxattention` on the terrain UNet, seed by seed",
@@ -455,6 +456,8 @@ def plot(res: dict[str, Any], path: Path) -> None:
 
 
 def run(out: Path, seeds: Sequence[int], trace_seeds: Sequence[int], argv: Sequence[str] = ()) -> dict:
+    """Trace every seed (`trace_seed`; the per-operand split on those also in `trace_seeds`),
+    summarize, and write ladder_trace.json / .md / .png under `out`; returns the result."""
     t0 = time.perf_counter()
     per = [trace_seed(s, split=s in trace_seeds) for s in seeds]
     res: dict[str, Any] = {"per_seed": per, "summary": summarize(per)}
@@ -475,6 +478,7 @@ def run(out: Path, seeds: Sequence[int], trace_seeds: Sequence[int], argv: Seque
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line (see the module docstring); bad arguments exit 2 with one line."""
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(
         prog="python -m mxattention.eval.ladder_trace",

@@ -541,7 +541,9 @@ def gluon_fwd_call(
     return lse, GluonFwdCall((lqp // BLOCK_M, bsz * hq), args, constants)
 
 
-def mx_attention_fwd_hopper(q_packed, kx, vx, **kwargs) -> torch.Tensor:
+def mx_attention_fwd_hopper(
+    q_packed: tuple[torch.Tensor, torch.Tensor], kx: torch.Tensor, vx: torch.Tensor, **kwargs: object
+) -> torch.Tensor:
     """Run the Gluon kernel on pre-pass outputs (the arguments of `gluon_fwd_call`); writes `out`,
     returns lse [B, Hq, Lq]."""
     lse, call = gluon_fwd_call(q_packed, kx, vx, **kwargs)

@@ -145,3 +145,11 @@ def test_cli_refuses_one_seed(capsys):
     with pytest.raises(SystemExit) as e:
         lt.main(["--seeds", "3"])
     assert e.value.code == 2 and "at least 2 distinct seeds" in capsys.readouterr().err
+
+
+def test_cli_refuses_trace_seeds_it_would_not_run(capsys, monkeypatch):
+    """A --trace-seeds seed outside --seeds would be traced nowhere: a usage error, before any work."""
+    monkeypatch.setattr(lt, "run", lambda *a, **kw: pytest.fail("ran"))
+    with pytest.raises(SystemExit) as e:
+        lt.main(["--seeds", "0", "1", "--trace-seeds", "3"])
+    assert e.value.code == 2 and "--trace-seeds [3] must be among --seeds" in capsys.readouterr().err

@@ -517,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if len(args.seeds) < 2 or any(s < 0 for s in args.seeds) or len(set(args.seeds)) != len(args.seeds):
         p.error("--seeds: at least 2 distinct seeds >= 0")
+    if not set(args.trace_seeds) <= set(args.seeds):  # else silently not traced
+        p.error(f"--trace-seeds {args.trace_seeds} must be among --seeds {args.seeds}")
     run(args.out, args.seeds, args.trace_seeds, argv)
     print((args.out / "ladder_trace.md").read_text())
     return 0

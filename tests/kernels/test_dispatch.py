@@ -150,3 +150,26 @@ def test_inputs_requiring_grad_quantize_and_backward_raises():
         assert torch.equal(out, want) and out.requires_grad
         with pytest.raises(mx.InferenceOnlyError, match="inference-only"):
             out.sum().backward()
+
+
+@cpu_kernels
+def test_narrow_v_on_sm_90_is_a_counted_fallback(monkeypatch):
+    """Where the plan refuses head dims a target computes wrong (sm_90: D 128 over Dv 32,
+    targets.NARROW_V_BROKEN), the public functions run the reference with one warning naming it."""
+    from mxattention.kernels import plan, targets
+
+    monkeypatch.setenv("MXATTENTION_CPU_KERNELS", "1")
+    monkeypatch.setattr(plan, "current_target", lambda device: targets.SM_90A)
+    q, k, v = qkv(1, 2, 2, 20, 30, 128, dv=32)
+    cfg = mx.get_method("mxattention")
+    cu = torch.tensor([0, 20], dtype=torch.int32)
+    cu_k = torch.tensor([0, 30], dtype=torch.int32)
+    packed = (x[0].transpose(0, 1) for x in (q, k, v))
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        out = mx.scaled_dot_product_attention(q, k, v)
+        out_varlen = mx.varlen_attention(*packed, cu, cu_k)
+    (w,) = _fallbacks(rec)  # one reason, warned once
+    assert "NARROW_V_BROKEN" in str(w.message)
+    ref, _ = reference_attention(q, k, v, cfg, scale=128**-0.5)
+    assert torch.equal(out, ref) and torch.equal(out_varlen, ref[0].transpose(0, 1))

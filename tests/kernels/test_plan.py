@@ -129,6 +129,12 @@ def test_describe_names_the_choices(monkeypatch):
     ):
         assert part in text, (part, text)
     assert "K times 0" in text and "Q smoothing per 128 queries" in text and "pre-pass: Q^ tl rows" in text
+    from mxattention.kernels.attention_fwd_hopper import HAS_GLUON, STAGES
+
+    if HAS_GLUON:  # the Gluon forward's own launch, not the tl kernel's tiles
+        q, k, v = qkv(1, 4, 2, 100, 100, 128)
+        text = str(plan.plan_call(get_method("mxattention"), q, k, v, scale=0.1))
+        assert "gluon kernel" in text and f"1 producer warp, {STAGES} K^/V^ stages" in text, text
 
 
 def test_one_return_type(device):

@@ -311,11 +311,20 @@ class KernelPlan:
         opts = f", options {dict(self.compile_options)}" if self.compile_options else ""
         ops = {"": "", "negate_q": ", Q negated", "negate_k": ", K negated"}
         ops.update(zero_q=", Q times 0", zero_k=", K times 0")
+        tiles = (
+            f"BM {self.block_m} x BN {self.block_n}, {self.num_warps} warps, {self.num_stages} stages{opts}"
+        )
+        if self.fwd_kernel == "gluon":  # its own launch: the tl tiles above are not what runs
+            from mxattention.kernels import attention_fwd_hopper as hopper
+
+            tiles = (
+                f"BM {hopper.BLOCK_M} x BN {hopper.BLOCK_N}, 2 consumer warpgroups + 1 producer warp, "
+                f"{hopper.STAGES} K^/V^ stages"
+            )
         lines = [
             head,
             f"  forward: {self.fwd_kernel} kernel, matrix path {self.matrix_path}, K^/V^ {self.kv_layout}",
-            f"  tiles: BM {self.block_m} x BN {self.block_n}, {self.num_warps} warps, "
-            f"{self.num_stages} stages{opts}",
+            f"  tiles: {tiles}",
             f"  elements: Q^/K^ {self.qk_elem}, V^ {self.v_elem}, P~ {self.p_elem}"
             f"{' (hardware cast)' if self.p_cvt else ''}, PNQ {self.pnq}, rotation {self.hadamard}, "
             f"rules Q/K/V {'/'.join(map(str, self.rules))}",

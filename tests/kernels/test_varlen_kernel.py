@@ -26,7 +26,7 @@ from mxattention.kernels.fused_varlen import fused_varlen_attention, per_sequenc
 # padded head dim 32 under Q's, `targets.NARROW_V_BROKEN`) and its illegal memory access Triton's
 # dot_scaled emulation (refused, `plan.dot_scaled_refusal`). MXATTENTION_VARLEN_KERNEL=0 (dense calls
 # per sequence) skips them on a GPU.
-UNCHECKED_ON_GPU = pytest.mark.skipif(
+OPTED_OUT_ON_GPU = pytest.mark.skipif(
     torch.cuda.is_available() and not fused_varlen.varlen_kernel_enabled(),
     reason="MXATTENTION_VARLEN_KERNEL=0: the one-launch varlen kernel does not run on this GPU",
 )
@@ -97,7 +97,7 @@ def run(q, k, v, cu_q, cu_k, method, device, **kw):
     return out.cpu(), lse.cpu()
 
 
-@UNCHECKED_ON_GPU
+@OPTED_OUT_ON_GPU
 @pytest.mark.parametrize("method", ["mxattention", "mxattention-pv8", "mxfp8"])
 def test_mixed_lengths_dot_scaled(method, device):
     # Empty query and key sequences, lengths off multiples of 32 and of the tiles, GQA. A NaN in
@@ -112,7 +112,7 @@ def test_mixed_lengths_dot_scaled(method, device):
     check_per_sequence(q, k, v, cu_q, cu_k, out, lse, method, device, block_m=64)
 
 
-@UNCHECKED_ON_GPU
+@OPTED_OUT_ON_GPU
 @pytest.mark.parametrize("method", ["mxfp4-ocp", "mxattention-pv8"])
 def test_causal_bf16_layout(method, device):
     # Top-left causal per sequence with Lq < Lk and Lq > Lk; the Hopper path's bf16 K^ / V^ layout
@@ -127,7 +127,7 @@ def test_causal_bf16_layout(method, device):
     check_per_sequence(q, k, v, cu_q, cu_k, out, lse, method, device, **kw)
 
 
-@UNCHECKED_ON_GPU
+@OPTED_OUT_ON_GPU
 def test_many_short_sequences_in_launch_pieces(device, monkeypatch):
     # 9 sequences, in launches of 2 sequences each (CUDA's grid-z limit lowered): 5 V^ launches and
     # 5 attention launches, the same bytes; no tensor of the padded [B, max_len] layout.
@@ -167,7 +167,7 @@ def test_public_entry_runs_the_kernels(device, monkeypatch):
     assert (lse - ref_l).abs().max() <= 1e-4 + 0.6
 
 
-@UNCHECKED_ON_GPU
+@OPTED_OUT_ON_GPU
 @pytest.mark.parametrize("scale", [-0.3, 0.0])
 def test_scale_not_positive_as_dense(device, scale):
     q, k, v, cu_q, cu_k = packed([33, 7], [40, 9], seed=4)

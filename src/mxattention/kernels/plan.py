@@ -256,7 +256,7 @@ class KernelPlan:
 
     `reason`: None if the kernels serve the call, else the sentence why not (the op then runs the
     reference). A call the kernels cannot compute at all (the method, the scale, the head dim, no
-    Triton: `refusal`) has only `method`, `reason` and `refusal`; one refused only for where it runs
+    Triton, head dims the GPU gets wrong (`targets.narrow_v`): `refusal`) has only `method`, `reason` and `refusal`; one refused only for where it runs
     (no CUDA) is planned in full for the interpreter (target None), which `fused_attention` runs
     when called directly.
     """

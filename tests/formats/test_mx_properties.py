@@ -87,3 +87,21 @@ def test_pow2_is_exact_over_the_e8m0_range():
     want = torch.tensor([2.0**k if k < 128 else float("inf") for k in range(-127, 129)], dtype=torch.float32)
     assert torch.equal(pow2(e), want)
     assert pow2(torch.tensor([-127]))[0].item() == 2.0**-127 > 0
+
+
+def test_scale_2_pow_minus_127_survives_a_flushing_exp2(monkeypatch):
+    """A block scaled 2**-127 (E8M0 byte 0) keeps its values where torch.exp2 flushes subnormals
+    (CUDA's does; the CPU's does not, so the casts must not call it: here it is made to flush)."""
+    real = torch.exp2
+
+    def flushing_exp2(t, *args, **kwargs):
+        y = real(t, *args, **kwargs)
+        return y.masked_fill(y.abs() < 2.0**-126, 0.0)
+
+    monkeypatch.setattr(torch, "exp2", flushing_exp2)
+    x = torch.full((2, 32), 2.0**-125)
+    x[:, 1::2] = 2.0**-126
+    for rule in ("ocp", "uos"):
+        q = mx_quantize(x, axis=-1, rule=rule)
+        assert (q.scales == 0).all()  # the block's scale is 2**-127
+        assert torch.equal(q.dequantize(), x) and torch.equal(fake_quantize(x, -1, rule=rule), x)

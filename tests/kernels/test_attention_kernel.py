@@ -300,6 +300,23 @@ def test_q_smoothing_head_chunks_change_nothing(path, layout, device, monkeypatc
         assert torch.equal(a, b)
 
 
+def test_q_smoothing_head_chunks_of_several_batches(device):
+    """Head chunks of a batch of 2 (batches with different query means): each chunk's Q^ pass reads
+    its own rows of the block means (a [2, 2 of 4 heads] view of them is not contiguous), so the
+    chunks give the bits of one launch."""
+    from mxattention.kernels import fused, plan
+
+    q, k, v = (t.to(device) for t in qkv(2, 4, 2, 200, 150, 64, seed=26))
+    q = q + torch.tensor([0.0, 3.0], device=device).view(2, 1, 1, 1)
+    cfg = get_method("mxattention-pv8-smooth")
+    args = dict(scale=0.125, matrix_path="bf16", kv_layout="bf16")
+    p = plan.plan_call(cfg, q, k, v, **args, kv_chunk_bytes=8191)
+    assert [(c.batches, c.kv_heads) for c in p.chunks] == [((0, 2), (0, 1)), ((0, 2), (1, 2))]
+    whole = fused.fused_attention(q, k, v, cfg, **args, kv_chunk_bytes=None)
+    parts = fused.run_plan(p, q, k, v)
+    assert torch.equal(whole.out, parts.out) and torch.equal(whole.lse, parts.lse)
+
+
 @pytest.mark.parametrize("layout", ["packed", "bf16"])
 def test_extreme_block_scales(layout, device):
     """Blocks at the ends of the E8M0 range decode exactly: Q rows and V columns near 1e36 (scale

@@ -482,7 +482,9 @@ def prepass_qk(
         OUT_BF16=out_bf16,
         BF16_PAIRS=pass_plan.bf16_pairs,
         ELEM=elem,
-        QM=None if q_mean is None else q_mean[0],
+        # The kernel indexes the means as [B * H, nb, D]: a head chunk's view of several batches
+        # is not, so it takes a copy (nb x D fp32 per head).
+        QM=None if q_mean is None else q_mean[0].contiguous(),
         SMOOTH_BLOCK=0 if q_mean is None else q_mean[1],
         **_rule_args(rule, elem),
         num_warps=warps,

@@ -7,7 +7,8 @@ the same exact integer / power-of-two arithmetic so the bytes agree bit for bit:
   (floor rule: E - Q_EXP; ceil rule with boundary q = (1 + Q_MANT / 2**23) * 2**Q_EXP:
   E - Q_EXP + [mantissa(M) > mantissa(q)]), clamped to [-127, 127], 0 for a zero block.
 - `bf16_pair_floats`: the two bf16 elements of int32 words as fp32 (the pre-pass's row loads).
-- `exp2_ftz`: the softmax's exp2, results below 2**-126 flushed to 0 on every target.
+- `exp2_ftz`: the softmax's exp2, results below 2**-126 flushed to 0 on NVIDIA GPUs (their exp2
+  flushes) and the interpreter (a select); ROCm's exp2 is unverified (docs/design.md).
 - `exp2_int`: 2**e as fp32 for integer e in [-127, 127] (2**-127 is subnormal); `inv_exp2`: the
   exact inverse of such a power of two (up to 2**126), for divisions by a block scale.
 - `block_scale`: 2**e of the same rule, for the attention kernel's P~ blocks (maxima in

@@ -96,7 +96,7 @@ def fused_attention(
     `kv_chunk_bytes` (bf16 layout): the pre-pass and the kernel run over groups of KV heads whose
     K^ + V^ take at most this many bytes (at least one head per group); "auto" (default) means
     max(KV_CHUNK_MIN_BYTES, the packed K/V bytes of the call), None one group. With Q smoothing
-    its correction (fp32, 4 ceil(Lq / 128) bytes per key and query head) obeys the same bound, on
+    its correction (fp32, 4 ceil(Lq / smooth_q_block) bytes per key and query head) obeys the same bound, on
     either layout. Calls with more than GRID_Y_MAX batch x query heads also run in groups of batches.
     `fwd_kernel`: "tl" (`attention_fwd`), "gluon" (`attention_fwd_hopper`, sm_90: dense unmasked
     bf16-layout calls at head dim 128; the same bits) or None (`attention_fwd_hopper.fwd_kernel_for`).

@@ -194,7 +194,8 @@ def test_grid_limit_pieces_change_nothing(layout, device, monkeypatch):
 
 
 def test_kv_heads_per_chunk():
-    from mxattention.kernels.fused import KV_CHUNK_MIN_BYTES, kv_heads_per_chunk
+    from mxattention.kernels.fused import kv_heads_per_chunk
+    from mxattention.kernels.plan import KV_CHUNK_MIN_BYTES
 
     per_head = 2 * 1 * 16384 * (128 + 128)
     assert kv_heads_per_chunk(1, 40, 16384, 128, 128, None) == 40

@@ -324,3 +324,10 @@ def test_benchmark_uncast_variant_compiles():
     assert out.returncode == 0, out.stderr[-3000:]
     kernel, uncast = (int(x) for x in out.stdout.split())
     assert uncast < kernel - 500, (kernel, uncast)
+
+
+def test_chunk_knobs_live_in_plan_only():
+    # The memory knobs are read by plan_call from kernels.plan; a copy re-exported by kernels.fused
+    # would take a setattr and do nothing (the pre-plan README documented fused.KV_CHUNK_MIN_BYTES).
+    assert not hasattr(fused, "KV_CHUNK_MIN_BYTES") and not hasattr(fused, "GRID_Y_MAX")
+    assert isinstance(plan.KV_CHUNK_MIN_BYTES, int) and isinstance(plan.GRID_Y_MAX, int)

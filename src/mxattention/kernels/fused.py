@@ -18,8 +18,6 @@ from mxattention.attention.reference import cast_output
 from mxattention.kernels.plan import (
     CPU_KERNELS_ENV,
     F32_MAX,
-    GRID_Y_MAX,
-    KV_CHUNK_MIN_BYTES,
     KV_LAYOUTS,
     LOG2E,
     MAX_HEAD_DIM,
@@ -37,8 +35,6 @@ from mxattention.kernels.plan import (
 __all__ = [
     "CPU_KERNELS_ENV",
     "F32_MAX",
-    "GRID_Y_MAX",
-    "KV_CHUNK_MIN_BYTES",
     "KV_LAYOUTS",
     "LOG2E",
     "MAX_HEAD_DIM",
@@ -95,9 +91,9 @@ def fused_attention(
     head dim is 32 under Q's 64 on sm_90: `targets.NARROW_V_BROKEN`), "packed" for dot_scaled.
     `kv_chunk_bytes` (bf16 layout): the pre-pass and the kernel run over groups of KV heads whose
     K^ + V^ take at most this many bytes (at least one head per group); "auto" (default) means
-    max(KV_CHUNK_MIN_BYTES, the packed K/V bytes of the call), None one group. With Q smoothing
+    max(plan.KV_CHUNK_MIN_BYTES, the packed K/V bytes of the call), None one group. With Q smoothing
     its correction (fp32, 4 ceil(Lq / smooth_q_block) bytes per key and query head) obeys the same bound, on
-    either layout. Calls with more than GRID_Y_MAX batch x query heads also run in groups of batches.
+    either layout. Calls with more than plan.GRID_Y_MAX batch x query heads also run in groups of batches.
     `fwd_kernel`: "tl" (`attention_fwd`), "gluon" (`attention_fwd_hopper`, sm_90: dense unmasked
     bf16-layout calls at head dim 128; the same bits) or None (`attention_fwd_hopper.fwd_kernel_for`).
     Raises ValueError with the plan's

@@ -132,3 +132,10 @@ def test_compiles_without_graph_breaks():
     torch._dynamo.reset()
     out = torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v, mask)
     assert torch.equal(out, f(q, k, v, mask))
+
+
+@pytest.mark.parametrize("name", ["Upper", "-lead", "with space", 3])
+def test_backend_name_checked_as_the_dense_backend(name):
+    # Both backends take one name check (diffusers lower-cases names): a bad one is refused up front.
+    with pytest.raises(ValueError, match="lower case letters"):
+        register_diffusers_varlen_backend(name=name)

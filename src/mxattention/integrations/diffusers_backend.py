@@ -273,6 +273,12 @@ def _check_inputs(
         )
 
 
+def check_backend_name(name: object) -> None:
+    """Raise ValueError unless `name` is a backend name diffusers keeps as given (it lower-cases names)."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ValueError(f"backend name must be lower case letters, digits, '_' or '-', got {name!r}")
+
+
 def _backend_fn(name: str) -> Any:
     # diffusers passes only the keyword arguments named in this signature.
     def mxattention_backend(
@@ -327,8 +333,7 @@ def register_diffusers_backend(
         raise TypeError(f"policy must be a PrecisionPolicy or None, got {type(policy).__name__}")
     check_options(strict, autograd)
     name = backend_name(cfg) if name is None else name
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise ValueError(f"backend name must be lower case letters, digits, '_' or '-', got {name!r}")
+    check_backend_name(name)
     with _lock:
         old = _registry.get(name)
         if old is None and name in _ad.AttentionBackendName._value2member_map_:

@@ -22,7 +22,6 @@ A batch row with no valid key gives O = 0 (torch gives NaN). Inference only, as 
 
 from __future__ import annotations
 
-import re
 import threading
 from typing import Any
 
@@ -33,11 +32,15 @@ from mxattention.attention.config import AttentionConfig, get_method
 from mxattention.integrations import _routing
 from mxattention.integrations._routing import Router, check_options, route_decide, tracks_grad
 from mxattention.integrations._support import original_sdpa, unsupported_reason
-from mxattention.integrations.diffusers_backend import _enum_member, _key_mask, backend_name
+from mxattention.integrations.diffusers_backend import (
+    _enum_member,
+    _key_mask,
+    backend_name,
+    check_backend_name,
+)
 from mxattention.kernels.op import config_from_key, config_key, register_inference_only
 from mxattention.varlen import varlen_attention
 
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")
 VARLEN_MASK = "varlen_mask"
 _routing.REASONS.setdefault(
     VARLEN_MASK,
@@ -215,8 +218,7 @@ def register_diffusers_varlen_backend(
     cfg = get_method(method)
     check_options(strict, autograd)
     name = backend_name(cfg) + "_varlen" if name is None else name
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise ValueError(f"backend name must be lower case letters, digits, '_' or '-', got {name!r}")
+    check_backend_name(name)
     with _lock:
         old = _registry.get(name)
         if old is None and name in _ad.AttentionBackendName._value2member_map_:

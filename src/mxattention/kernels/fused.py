@@ -205,44 +205,42 @@ def run_plan(
             elem=plan.v_elem,
             pass_plan=chunk.v_pass,
         )
-        if dbg is not None:
-            dbg_chunk = torch.zeros_like(dbg[bs, qh])
         if plan.fwd_kernel == "gluon":
             lse[bs, qh] = mx_attention_fwd_hopper(
                 qp, kp, vp, lq=lq, lk=lk, group=group, out=out[bs, qh], p_rule=plan.p_rule,
                 pnq=plan.pnq, scale=plan.scale, p_elem=plan.p_elem, qk_elem=qe, p_cvt=plan.p_cvt,
             )  # fmt: skip
-            del qp, kp, vp, smooth, q_mean
-            continue
-        lse[bs, qh] = mx_attention_fwd(
-            qp,
-            kp,
-            vp,
-            lq=lq,
-            lk=lk,
-            dv=dv,
-            group=group,
-            out=out[bs, qh],
-            p_rule=plan.p_rule,
-            pnq=plan.pnq,
-            block_n=bn,
-            scale=plan.scale,
-            is_causal=is_causal,
-            mask=None if mask is None else mask[bs, qh],
-            matrix_path=plan.matrix_path,
-            block_m=bm,
-            num_warps=plan.num_warps,
-            num_stages=plan.num_stages,
-            compile_options=plan.compile_options,
-            debug_p=None if dbg is None else dbg_chunk,
-            p_elem=plan.p_elem,
-            v_elem=plan.v_elem,
-            qk_elem=qe,
-            p_cvt=plan.p_cvt,
-            smooth_q=smooth,
-        )
-        if dbg is not None:
-            dbg[bs, qh] = dbg_chunk  # the kernel indexes its buffer as a contiguous [B, heads, Lq, Lk']
+        else:
+            dbg_chunk = None if dbg is None else torch.zeros_like(dbg[bs, qh])
+            lse[bs, qh] = mx_attention_fwd(
+                qp,
+                kp,
+                vp,
+                lq=lq,
+                lk=lk,
+                dv=dv,
+                group=group,
+                out=out[bs, qh],
+                p_rule=plan.p_rule,
+                pnq=plan.pnq,
+                block_n=bn,
+                scale=plan.scale,
+                is_causal=is_causal,
+                mask=None if mask is None else mask[bs, qh],
+                matrix_path=plan.matrix_path,
+                block_m=bm,
+                num_warps=plan.num_warps,
+                num_stages=plan.num_stages,
+                compile_options=plan.compile_options,
+                debug_p=dbg_chunk,
+                p_elem=plan.p_elem,
+                v_elem=plan.v_elem,
+                qk_elem=qe,
+                p_cvt=plan.p_cvt,
+                smooth_q=smooth,
+            )
+            if dbg is not None:
+                dbg[bs, qh] = dbg_chunk  # the kernel indexes its buffer as a contiguous [B, heads, Lq, Lk']
         # Freed before the next chunk's pre-pass allocates (the stream orders the reuse), so the
         # peak holds one chunk's operands, not two.
         del qp, kp, vp, smooth, q_mean

@@ -39,7 +39,8 @@ def test_reason_serves_the_dense_bf16_d128_case():
         (dict(masked=True), "mask"),
         (dict(varlen=True), "varlen"),
         (dict(debug_p=True), "debug_p"),
-        (dict(smooth_q=True), "smooth_q"),
+        (dict(smooth_q_block=64), "smooth_q_block"),
+        (dict(smooth_q_block=192), "smooth_q_block"),
         (dict(p_elem="e3m2"), "ladders"),
         (dict(scale=0.0), "scale"),
         (dict(scale=float("inf")), "scale"),
@@ -81,7 +82,11 @@ def test_fused_attention_refuses_an_explicit_gluon_it_cannot_run():
 
 
 @pytest.mark.skipif(not hopper.HAS_GLUON, reason="this Triton has no Gluon")
-@pytest.mark.parametrize("bad", ["q_rows", "k_dim", "v_shape", "k_dtype", "heads", "out_shape", "empty_keys"])
+@pytest.mark.parametrize(
+    "bad",
+    ["q_rows", "k_dim", "v_shape", "k_dtype", "heads", "out_shape", "empty_keys"]
+    + ["smooth_block", "smooth_shape", "smooth_dtype", "smooth_strides", None],
+)
 def test_launch_arguments_are_checked(bad):
     b, h, lq, lk = 1, 2, 100, 130
     qc = torch.zeros(b, h, 128, 64, dtype=torch.uint8)
@@ -90,6 +95,7 @@ def test_launch_arguments_are_checked(bad):
     vx = kx.clone()
     out = torch.empty(b, h, lq, 128, dtype=torch.bfloat16)
     group = 1
+    smooth = (torch.zeros(b, h, 1, 256), 128)  # [B, Hq, ceil(Lq / 128), LKP]
     if bad == "q_rows":
         qc, qs = qc[:, :, :100], qs[:, :, :100]
     elif bad == "k_dim":
@@ -104,10 +110,21 @@ def test_launch_arguments_are_checked(bad):
         out = out[..., :64]
     elif bad == "empty_keys":
         lk = 0
+    elif bad == "smooth_block":
+        smooth = (smooth[0], 64)
+    elif bad == "smooth_shape":
+        smooth = (smooth[0][:, :, :, :128], 128)
+    elif bad == "smooth_dtype":
+        smooth = (smooth[0].double(), 128)
+    elif bad == "smooth_strides":
+        smooth = (torch.zeros(b, h, 1, 512)[..., ::2], 128)
+    kw = dict(lq=lq, lk=lk, group=group, out=out, p_rule=(True, 2, 0), pnq=True, scale=0.1, smooth_q=smooth)
+    if bad is None:  # the good call builds its launch
+        _, call = hopper.gluon_fwd_call((qc, qs), kx, vx, **kw)
+        assert call.constants["SMOOTH_Q_BLOCK"] == 128 and call.grid == (1, b * h)
+        return
     with pytest.raises(ValueError):
-        hopper.gluon_fwd_call(
-            (qc, qs), kx, vx, lq=lq, lk=lk, group=group, out=out, p_rule=(True, 2, 0), pnq=True, scale=0.1
-        )
+        hopper.gluon_fwd_call((qc, qs), kx, vx, **kw)
 
 
 # ---- H200 (sm_90): bit for bit against the tl kernel --------------------------------------------
@@ -157,6 +174,21 @@ def _operands(b, hq, hk, lq, lk, qk_elem, case, seed):
     return (qc, qs.to(torch.uint8)), k.bfloat16(), v.bfloat16()
 
 
+def _correction(b, hq, lq, lk, block, case, seed):
+    """A Q smoothing correction [B, Hq, ceil(Lq / block), LKP] (fp32, zero past Lk, as
+    `smoothing.smoothing_correction` leaves it): per-block offsets of either sign, and for case
+    "nonfinite" one block of Inf / NaN (a query block that held them)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    lkp = -(-lk // 128) * 128
+    corr = torch.randn(b, hq, -(-lq // block), lkp, generator=g, device="cuda") * 30.0
+    corr[:, :, ::2] *= -0.01
+    if case == "nonfinite" and corr.shape[2] > 1:
+        corr[:, :, 1, 5] = float("inf")
+        corr[:, :, 1, 6] = float("nan")
+    corr[..., lk:] = 0.0
+    return corr
+
+
 def _both(q_packed, kx, vx, *, lq, lk, group, out_dtype, rule, pnq, p_elem, qk_elem, scale, **variant):
     from mxattention.kernels.attention_fwd import mx_attention_fwd
     from mxattention.kernels.rules import rule_constants
@@ -168,6 +200,8 @@ def _both(q_packed, kx, vx, *, lq, lk, group, out_dtype, rule, pnq, p_elem, qk_e
               p_elem=p_elem, qk_elem=qk_elem, p_cvt=p_elem == "e4m3")  # fmt: skip
     out_tl = torch.full((b, hq, lq, 128), float("nan"), device="cuda", dtype=out_dtype)
     out_g = out_tl.clone()
+    if "smooth_q" in variant:  # the same correction in both kernels
+        kw["smooth_q"] = variant.pop("smooth_q")
     lse_tl = mx_attention_fwd(q_packed, kx, vx, dv=128, out=out_tl, block_n=128, matrix_path="bf16",
                               block_m=128, num_warps=8, num_stages=3, v_elem=p_elem, **kw)  # fmt: skip
     lse_g = hopper.mx_attention_fwd_hopper(q_packed, kx, vx, out=out_g, **kw, **variant)
@@ -209,8 +243,38 @@ def test_equals_tl_kernel_bit_for_bit(lq, lk, hq, hk, case, rule, pnq, p_elem, q
 
 @gpu
 @pytest.mark.parametrize(
+    "lq,lk,hq,hk,case,block,p_elem,variant",
+    [
+        (300, 333, 2, 2, "outliers", 128, "e4m3", {}),
+        (1000, 77, 2, 1, "zeros", 256, "e4m3", {}),
+        (200, 1025, 4, 2, "nonfinite", 128, "e2m1", {}),
+        (700, 1300, 2, 2, "huge", 384, "e4m3", dict(overlap=False)),
+        (257, 640, 2, 2, "ties", 128, "e4m3", dict(pingpong=True, stages=3)),
+    ],
+)
+def test_smoothing_correction_equals_tl_kernel(lq, lk, hq, hk, case, block, p_elem, variant):
+    """Q smoothing: the correction row, TMA-loaded with K^_j and used as the QK wgmma's initial
+    accumulator, gives the `tl` kernel's bits (there `s + corr`, folded by Triton into the same
+    accumulator), for blocks of 1-3 CTA tiles, Inf / NaN corrections, every schedule."""
+    q_packed, kx, vx = _operands(2, hq, hk, lq, lk, "e2m1", case, seed=lq + 3 * lk)
+    corr = _correction(2, hq, lq, lk, block, case, seed=lq)
+    for scale in (128**-0.5, 3.0):
+        (o_tl, l_tl), (o_g, l_g) = _both(q_packed, kx, vx, lq=lq, lk=lk, group=hq // hk, out_dtype=torch.bfloat16,
+                                         rule="uos", pnq=True, p_elem=p_elem, qk_elem="e2m1", scale=scale,
+                                         smooth_q=(corr, block), **variant)  # fmt: skip
+        _assert_bitwise(o_g, o_tl, f"O (scale {scale})")
+        _assert_bitwise(l_g, l_tl, f"lse (scale {scale})")
+    # The correction is not ignored: without it the bits differ.
+    (o_plain, _), _ = _both(q_packed, kx, vx, lq=lq, lk=lk, group=hq // hk, out_dtype=torch.bfloat16, rule="uos",
+                            pnq=True, p_elem=p_elem, qk_elem="e2m1", scale=3.0)  # fmt: skip
+    assert not torch.equal(o_plain, o_g)
+
+
+@gpu
+@pytest.mark.parametrize(
     "method,b,hq,hk,lq,lk,dtype",
     [
+        ("mxattention-pv8-smooth", 2, 4, 2, 700, 900, torch.bfloat16),
         ("mxattention", 2, 4, 2, 700, 900, torch.bfloat16),
         ("mxfp4-ocp", 1, 3, 3, 129, 4000, torch.float16),
         ("mxattention-pv8", 1, 4, 1, 1500, 200, torch.bfloat16),

@@ -76,6 +76,13 @@ def test_forward_kernel_is_chosen_in_the_plan(monkeypatch):
     assert plan.plan_call(cfg, q, k, v, scale=0.1, debug_p=True).fwd_kernel == "tl"
     assert plan.plan_call(cfg, q, k, v, scale=0.1, kv_layout="packed").fwd_kernel == "tl"
     assert plan.plan_call(cfg, q, k, v, scale=0.1, fwd_kernel="tl").fwd_kernel == "tl"
+    # Q smoothing is served when the Gluon kernel's 128-row tiles lie in one smoothing block.
+    smooth = get_method("mxattention-pv8-smooth")
+    assert plan.plan_call(smooth, q, k, v, scale=0.1).fwd_kernel == "gluon"
+    assert (
+        plan.plan_call(dataclasses.replace(smooth, smooth_q_block=256), q, k, v, scale=0.1).fwd_kernel
+        == "gluon"
+    )
     with pytest.raises(ValueError, match="fwd_kernel='gluon' cannot serve"):
         plan.plan_call(cfg, q, k, v, scale=0.1, is_causal=True, fwd_kernel="gluon")
 

@@ -6,11 +6,12 @@ Exposes `HAS_GLUON`, `gluon_fwd_reason` (why a call cannot take this kernel, Non
 
 It computes exactly what `attention_fwd._mx_attention_fwd_kernel` computes for the case that
 matters for speed (docs/design.md, 'Kernel plan'): bf16 K^ / V^ (the "bf16" matrix path), head dims
-DQ = DV = 128, BN = 128 keys per tile, no causal mask, no user mask, not varlen, no debug_p, no Q
-smoothing; any P~ ladder and rule, PNQ on or off, any lengths, GQA. Same operations in the same
+DQ = DV = 128, BN = 128 keys per tile, no causal mask, no user mask, not varlen, no debug_p; any P~
+ladder and rule, PNQ on or off, Q smoothing or not, any lengths, GQA. Same operations in the same
 order, so the results are the `tl` kernel's bit for bit (tests/kernels/test_attention_fwd_hopper.py
 on the H200): S = Q^ K^_j^T by bf16 wgmma m64n128k16 over the same head-dim order (fp32
-accumulation), the block maxima, row max, alpha, P~ roundings (`cast.block_scale`,
+accumulation; with Q smoothing started from the correction row qm K^_j^T, the accumulator Triton
+makes of the `tl` kernel's `s + corr`), the block maxima, row max, alpha, P~ roundings (`cast.block_scale`,
 `cast.elem_round`), the row sum in the `tl` kernel's layouts (the same in-thread order and lane
 shuffles), O~ = alpha O~ + P^ V^_j, then O = O~ / l, lse.
 
@@ -18,7 +19,8 @@ Structure (one CTA per 128 query rows of one (batch, head)):
 
 - a producer partition (1 warp, few registers) brings K^_j and V^_j by TMA into a ring of STAGES
   shared-memory buffers, each guarded by a `ready` (TMA bytes landed) and an `empty` (both
-  consumers done) mbarrier;
+  consumers done) mbarrier; with Q smoothing the tile's correction row (512 bytes, one per CTA:
+  its 128 rows lie in one smoothing block) rides with K^_j on the same `ready` barrier;
 - two consumer partitions (4 warps = one warpgroup each) own 64 query rows each, with their own
   Q^ (decoded once into shared memory) and (m, l, O~) in registers. They share the K^ / V^ tiles
   but not the time: each runs its own softmax while the other's wgmmas use the tensor cores.
@@ -139,28 +141,43 @@ if HAS_GLUON:
         return gl.where(e >= -126, (e + 127) << 23, 0x400000).to(gl.float32, bitcast=True)
 
     @gluon.jit
-    def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row0, n_tiles,
-                  STAGES: gl.constexpr):  # fmt: skip
+    def _producer(k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, kv_row0,
+                  c_row, n_tiles, STAGES: gl.constexpr, SMOOTH: gl.constexpr):  # fmt: skip
         """TMA K^_j, V^_j (rows kv_row0 + j BN of the [B Hkv LKP, D] views) into ring slot j % STAGES
-        once both consumers released it (a fresh barrier passes the parity-1 wait)."""
+        once both consumers released it (a fresh barrier passes the parity-1 wait); SMOOTH: also
+        keys [j BN, (j + 1) BN) of correction row c_row, on K^_j's barrier."""
         BN: gl.constexpr = k_desc.block_type.shape[0]
         for j in range(n_tiles):
             slot = j % STAGES
             phase = ((j // STAGES) & 1) ^ 1
             mbarrier.wait(k_empty.index(slot), phase)
-            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+            if SMOOTH:
+                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes + c_desc.block_type.nbytes)
+                _tma_load(c_desc, [c_row, j * BN], k_ready.index(slot), c_smem.index(slot))
+            else:
+                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
             _tma_load(k_desc, [kv_row0 + j * BN, 0], k_ready.index(slot), k_smem.index(slot))
             mbarrier.wait(v_empty.index(slot), phase)
             mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
             _tma_load(v_desc, [kv_row0 + j * BN, 0], v_ready.index(slot), v_smem.index(slot))
 
     @gluon.jit
-    def _scores(q_smem, k_smem, k_ready, j, zero, STAGES: gl.constexpr):
-        """Issue S = Q^ K^_j^T (async) once K^_j has landed."""
-        mbarrier.wait(k_ready.index(j % STAGES), (j // STAGES) & 1)
-        return warpgroup_mma(
-            q_smem, k_smem.index(j % STAGES).permute((1, 0)), zero, use_acc=False, is_async=True
-        )
+    def _qk(q_smem, k_smem, c_smem, slot, zero, SMOOTH: gl.constexpr):
+        """Issue S = Q^ K^_slot^T (async; K^ landed), SMOOTH: from the correction row qm K^T as the
+        initial accumulator (exact in fp32; the `tl` kernel's `s + corr` becomes the same)."""
+        if SMOOTH:
+            BN: gl.constexpr = zero.shape[1]
+            flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+            row = (
+                c_smem.index(slot)
+                ._reinterpret(gl.float32, [BN], flat)
+                .load(gl.SliceLayout(0, zero.type.layout))
+            )
+            acc, _ = gl.broadcast(gl.expand_dims(row, 0), zero)
+            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), acc, use_acc=True, is_async=True)
+        else:
+            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        return s
 
     @gluon.jit
     def _softmax(s, m, l, start_n, Lk, qk_scale, dot_a: gl.constexpr, PNQ: gl.constexpr, CEIL: gl.constexpr,
@@ -183,11 +200,11 @@ if HAS_GLUON:
         return m_new, alpha, l, p
 
     @gluon.jit
-    def _overlap_step(j, m, l, o_tilde, p, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn_mine,
-                      turn_other, zero, Lk, qk_scale, mma: gl.constexpr, dot_a: gl.constexpr, PNQ: gl.constexpr,
-                      CEIL: gl.constexpr, Q_EXP: gl.constexpr, Q_MANT: gl.constexpr, P_ELEM: gl.constexpr,
-                      P_CVT: gl.constexpr, STAGES: gl.constexpr, ME: gl.constexpr, PINGPONG: gl.constexpr,
-                      MASKED: gl.constexpr):  # fmt: skip
+    def _overlap_step(j, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
+                      turn_mine, turn_other, zero, Lk, qk_scale, mma: gl.constexpr, dot_a: gl.constexpr,
+                      PNQ: gl.constexpr, CEIL: gl.constexpr, Q_EXP: gl.constexpr, Q_MANT: gl.constexpr,
+                      P_ELEM: gl.constexpr, P_CVT: gl.constexpr, STAGES: gl.constexpr, ME: gl.constexpr,
+                      PINGPONG: gl.constexpr, MASKED: gl.constexpr, SMOOTH: gl.constexpr):  # fmt: skip
         """Key tile j >= 1 with the overlap: S_j and P^_{j-1} V^_{j-1} in flight together, the
         softmax of S_j under the latter; then O~ (P^_{j-1} V^_{j-1} added) times alpha_j."""
         BN: gl.constexpr = k_smem.type.shape[1]
@@ -197,7 +214,7 @@ if HAS_GLUON:
         mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
         if PINGPONG:
             mbarrier.wait(turn_mine, (j & 1) ^ (1 - ME))
-        s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        s = _qk(q_smem, k_smem, c_smem, slot, zero, SMOOTH)
         o_tilde = warpgroup_mma(p, v_smem.index(prev), o_tilde, is_async=True)
         if PINGPONG:
             mbarrier.arrive(turn_other)
@@ -212,14 +229,15 @@ if HAS_GLUON:
         return m, l, o_tilde, p_next
 
     @gluon.jit
-    def _plain_step(j, m, l, o_tilde, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, zero, Lk,
-                    qk_scale, mma: gl.constexpr, dot_a: gl.constexpr, PNQ: gl.constexpr, CEIL: gl.constexpr,
+    def _plain_step(j, m, l, o_tilde, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, zero,
+                    Lk, qk_scale, mma: gl.constexpr, dot_a: gl.constexpr, PNQ: gl.constexpr, CEIL: gl.constexpr,
                     Q_EXP: gl.constexpr, Q_MANT: gl.constexpr, P_ELEM: gl.constexpr, P_CVT: gl.constexpr,
-                    STAGES: gl.constexpr, MASKED: gl.constexpr):  # fmt: skip
+                    STAGES: gl.constexpr, MASKED: gl.constexpr, SMOOTH: gl.constexpr):  # fmt: skip
         """Key tile j without the overlap: S_j, softmax, O~ alpha + P^_j V^_j, each waited for."""
         BN: gl.constexpr = k_smem.type.shape[1]
         slot = j % STAGES
-        s = _scores(q_smem, k_smem, k_ready, j, zero, STAGES)
+        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+        s = _qk(q_smem, k_smem, c_smem, slot, zero, SMOOTH)
         s, _k_done = warpgroup_mma_wait(0, deps=[s, k_smem.index(slot)])
         mbarrier.arrive(k_empty.index(slot))
         m, alpha, l, p = _softmax(
@@ -233,12 +251,12 @@ if HAS_GLUON:
         return m, l, o_tilde
 
     @gluon.jit
-    def _consumer(Qc, Qs, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+    def _consumer(Qc, Qs, Out, Lse, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
                   q_row0, row0, lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od,
                   DQ: gl.constexpr, PNQ: gl.constexpr, CEIL: gl.constexpr, Q_EXP: gl.constexpr,
                   Q_MANT: gl.constexpr, P_ELEM: gl.constexpr, P_CVT: gl.constexpr, QK_ELEM: gl.constexpr,
                   OUT_MAX: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, turn_mine, turn_other,
-                  ME: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
+                  ME: gl.constexpr, PINGPONG: gl.constexpr, SMOOTH: gl.constexpr):  # fmt: skip
         """Rows [row0, row0 + 64) of this CTA's query tile: the key loop and the epilogue."""
         R: gl.constexpr = q_smem.type.shape[0]
         BN: gl.constexpr = k_smem.type.shape[1]
@@ -263,7 +281,7 @@ if HAS_GLUON:
             mbarrier.wait(k_ready.index(0), 0)
             if PINGPONG:
                 mbarrier.wait(turn_mine, 1 - ME)
-            s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+            s = _qk(q_smem, k_smem, c_smem, 0, zero, SMOOTH)
             if PINGPONG:
                 mbarrier.arrive(turn_other)
             s, _k_done = warpgroup_mma_wait(0, deps=[s, k_smem.index(0)])
@@ -274,15 +292,15 @@ if HAS_GLUON:
             o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
             for j in range(1, n_full):
                 m, l, o_tilde, p = _overlap_step(
-                    j, m, l, o_tilde, p, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                    j, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
                     turn_mine, turn_other, zero, Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM,
-                    P_CVT, STAGES, ME, PINGPONG, False,
+                    P_CVT, STAGES, ME, PINGPONG, False, SMOOTH,
                 )  # fmt: skip
             for j in range(gl.maximum(n_full, 1), n_tiles):
                 m, l, o_tilde, p = _overlap_step(
-                    j, m, l, o_tilde, p, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                    j, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
                     turn_mine, turn_other, zero, Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM,
-                    P_CVT, STAGES, ME, PINGPONG, True,
+                    P_CVT, STAGES, ME, PINGPONG, True, SMOOTH,
                 )  # fmt: skip
             last = (n_tiles - 1) % STAGES
             mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
@@ -296,13 +314,13 @@ if HAS_GLUON:
         else:
             for j in range(0, n_full):
                 m, l, o_tilde = _plain_step(
-                    j, m, l, o_tilde, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, zero, Lk,
-                    qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, STAGES, False,
+                    j, m, l, o_tilde, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, zero,
+                    Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, STAGES, False, SMOOTH,
                 )  # fmt: skip
             for j in range(n_full, n_tiles):
                 m, l, o_tilde = _plain_step(
-                    j, m, l, o_tilde, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, zero, Lk,
-                    qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, STAGES, True,
+                    j, m, l, o_tilde, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, zero,
+                    Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, STAGES, True, SMOOTH,
                 )  # fmt: skip
 
         out, lse = _finish(o_tilde, gl.convert_layout(l, gl.SliceLayout(1, mma)),
@@ -319,6 +337,7 @@ if HAS_GLUON:
         Qs,
         k_desc,
         v_desc,
+        c_desc,
         Out,
         Lse,
         qk_scale,
@@ -328,6 +347,7 @@ if HAS_GLUON:
         GROUP,
         LQP,
         LKP,
+        NBQ,
         stride_ob,
         stride_oh,
         stride_om,
@@ -346,6 +366,7 @@ if HAS_GLUON:
         PINGPONG: gl.constexpr,
         CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
+        SMOOTH_Q_BLOCK: gl.constexpr,
     ):
         BN: gl.constexpr = k_desc.block_type.shape[0]
         DV: gl.constexpr = v_desc.block_type.shape[1]
@@ -360,6 +381,12 @@ if HAS_GLUON:
         q1 = gl.allocate_shared_memory(gl.bfloat16, [R, DQ], q_layout)
         k_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, DQ], k_desc.layout)
         v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, DV], v_desc.layout)
+        SMOOTH: gl.constexpr = SMOOTH_Q_BLOCK > 0
+        if SMOOTH:
+            # Q smoothing's correction Corr [B Hq NBQ, LKP] (fp32): this CTA's rows lie in one block.
+            c_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BN], c_desc.layout)
+        else:
+            c_smem = k_smem  # never read
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -377,24 +404,25 @@ if HAS_GLUON:
         q_row0 = bh.to(gl.int64) * LQP + row0
         out_base = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
         lse_base = bh.to(gl.int64) * Lq
+        c_row = bh * NBQ + row0 // gl.maximum(SMOOTH_Q_BLOCK, 1)
         gl.warp_specialize(
             [
                 (
                     _consumer,
-                    (Qc, Qs, Out, Lse, q0, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_row0, row0, Lq,
-                     Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od, DQ, PNQ, CEIL, Q_EXP,
-                     Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, OVERLAP, turns.index(0), turns.index(1), 0,
-                     PINGPONG),
+                    (Qc, Qs, Out, Lse, q0, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, q_row0,
+                     row0, Lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od, DQ, PNQ, CEIL,
+                     Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, OVERLAP, turns.index(0),
+                     turns.index(1), 0, PINGPONG, SMOOTH),
                 ),
                 (
                     _consumer,
-                    (Qc, Qs, Out, Lse, q1, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_row0 + R,
-                     row0 + R, Lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od, DQ, PNQ, CEIL,
-                     Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, OVERLAP, turns.index(1),
-                     turns.index(0), 1, PINGPONG),
+                    (Qc, Qs, Out, Lse, q1, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
+                     q_row0 + R, row0 + R, Lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od,
+                     DQ, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, OVERLAP,
+                     turns.index(1), turns.index(0), 1, PINGPONG, SMOOTH),
                 ),
-                (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bhk * LKP,
-                             n_tiles, STAGES)),
+                (_producer, (k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty,
+                             v_empty, bhk * LKP, c_row, n_tiles, STAGES, SMOOTH)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -411,7 +439,7 @@ def gluon_fwd_reason(
     masked: bool = False,
     varlen: bool = False,
     debug_p: bool = False,
-    smooth_q: bool = False,
+    smooth_q_block: int = 0,
     p_elem: str = "e2m1",
     qk_elem: str = "e2m1",
     scale: float = 1.0,
@@ -425,10 +453,14 @@ def gluon_fwd_reason(
         return f"head dims ({dq}, {dv}): the Gluon kernel is built for {HEAD_DIM}"
     if block_n != BLOCK_N:
         return f"block_n={block_n}: the Gluon kernel takes {BLOCK_N} keys per tile"
-    extras = dict(is_causal=is_causal, mask=masked, varlen=varlen, debug_p=debug_p, smooth_q=smooth_q)
+    extras = dict(is_causal=is_causal, mask=masked, varlen=varlen, debug_p=debug_p)
     named = [k for k, v in extras.items() if v]
     if named:
         return f"{', '.join(named)}: the Gluon kernel serves dense unmasked calls only"
+    if smooth_q_block % BLOCK_M:
+        return (
+            f"smooth_q_block={smooth_q_block}: the Gluon kernel's {BLOCK_M}-row tiles must lie in one block"
+        )
     if p_elem not in KERNEL_ELEMS or qk_elem not in KERNEL_ELEMS:
         return f"element ladders ({p_elem!r}, {qk_elem!r}) must be in {KERNEL_ELEMS}"
     if not (scale > 0 and math.isfinite(scale * LOG2E)):
@@ -480,6 +512,7 @@ def gluon_fwd_call(
     qk_elem: str = "e2m1",
     p_cvt: bool | None = None,
     lse: torch.Tensor | None = None,
+    smooth_q: tuple[torch.Tensor, int] | None = None,
     stages: int | None = None,
     overlap: bool | None = None,
     pingpong: bool | None = None,
@@ -487,7 +520,8 @@ def gluon_fwd_call(
     """(lse [B, Hq, Lq], the launch) for pre-pass outputs: Q^ = (codes [B, Hq, LQP, DQ/2] (E4M3:
     [.., DQ]), E8M0 bytes [B, Hq, LQP, DQ/32]), K^ [B, Hkv, LKP, 128] and V^ [B, Hkv, LKP, 128]
     bf16 (contiguous), out [B, Hq, Lq, 128] (any strides), as `attention_fwd.fwd_calls` takes
-    them. p_cvt None: the hardware E4M3 cast where `targets.HW_E4M3_CAST` lists the target;
+    them; smooth_q = (corr [B, Hq, ceil(Lq / block), LKP] fp32 contiguous, block): Q smoothing's
+    correction (`smoothing.smoothing_correction`), block a multiple of 128. p_cvt None: the hardware E4M3 cast where `targets.HW_E4M3_CAST` lists the target;
     stages / overlap / pingpong None: the module's STAGES / OVERLAP / PINGPONG (experiments pass
     others; PINGPONG needs OVERLAP)."""
     qc, qs = q_packed
@@ -512,6 +546,26 @@ def gluon_fwd_call(
         raise ValueError(
             f"K^ rows B x Hkv x LKP = {bsz * hk * lkp} must be in [1, 2**31) (TMA's int32 row coordinate)"
         )
+    c_desc, nbq, blk = None, 1, 0
+    if smooth_q is not None:
+        corr, blk = smooth_q
+        nbq = -(-lq // blk) if blk > 0 else 0
+        if (
+            blk <= 0
+            or blk % BLOCK_M
+            or corr.dtype != torch.float32
+            or tuple(corr.shape) != (bsz, hq, nbq, lkp)
+            or not corr.is_contiguous()
+        ):
+            raise ValueError(
+                f"smooth_q = (corr, block): block a positive multiple of {BLOCK_M} and corr contiguous fp32 "
+                f"[B, Hq, ceil(Lq / block), LKP] = {[bsz, hq, nbq, lkp]} expected, got block {blk}, corr "
+                f"{tuple(corr.shape)} {corr.dtype}"
+            )
+        # One row of keys per tile, no swizzle: the consumers read it back as a flat [BN] vector.
+        c_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+        c2 = corr.view(bsz * hq * nbq, lkp)
+        c_desc = TensorDescriptor(c2, list(c2.shape), list(c2.stride()), [1, BLOCK_N], c_layout)
     if lse is None:
         lse = torch.empty((bsz, hq, lq), dtype=torch.float32, device=qc.device)
     layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], gl.bfloat16)
@@ -536,8 +590,10 @@ def gluon_fwd_call(
         PINGPONG=PINGPONG if pingpong is None else pingpong,
         CONSUMER_REGS=CONSUMER_REGS,
         PRODUCER_REGS=PRODUCER_REGS,
+        SMOOTH_Q_BLOCK=blk,
     )
-    args = (qc, qs, k_desc, v_desc, out, lse, scale * LOG2E, lq, lk, hq, group, lqp, lkp, *out.stride())
+    args = (qc, qs, k_desc, v_desc, c_desc, out, lse, scale * LOG2E, lq, lk, hq, group, lqp, lkp, nbq,
+            *out.stride())  # fmt: skip
     return lse, GluonFwdCall((lqp // BLOCK_M, bsz * hq), args, constants)
 
 

@@ -326,7 +326,7 @@ def summarize_gluon(target: Target, case: Case = Case(kernel="gluon")) -> dict:
     cfg = get_method(case.method)
     reason = hopper.gluon_fwd_reason(
         kv_bf16=True, dq=case.head_dim, dv=case.head_dim, block_n=cfg.block_n, is_causal=case.causal,
-        smooth_q=cfg.smooth_q, p_elem=cfg.p.elem, qk_elem=cfg.q.elem,
+        smooth_q_block=cfg.smooth_q_block if cfg.smooth_q else 0, p_elem=cfg.p.elem, qk_elem=cfg.q.elem,
     )  # fmt: skip
     if reason is not None:
         raise ValueError(f"the Gluon forward does not serve {case.label}: {reason}")
@@ -339,6 +339,7 @@ def summarize_gluon(target: Target, case: Case = Case(kernel="gluon")) -> dict:
         q, kx, kx, lq=n, lk=n, group=1, out=torch.empty(1, h, n, d, dtype=torch.bfloat16),
         p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=cfg.pnq, scale=d**-0.5, p_elem=cfg.p.elem,
         qk_elem=cfg.q.elem, p_cvt=cfg.p.elem == "e4m3" and hw_e4m3_cast(target),
+        smooth_q=(torch.empty(1, h, -(-n // cfg.smooth_q_block), n), cfg.smooth_q_block) if cfg.smooth_q else None,
     )  # fmt: skip
     t0 = time.perf_counter()
     kw = dict(call.constants, num_warps=call.num_warps)

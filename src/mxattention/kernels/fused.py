@@ -208,7 +208,7 @@ def run_plan(
         if plan.fwd_kernel == "gluon":
             lse[bs, qh] = mx_attention_fwd_hopper(
                 qp, kp, vp, lq=lq, lk=lk, group=group, out=out[bs, qh], p_rule=plan.p_rule,
-                pnq=plan.pnq, scale=plan.scale, p_elem=plan.p_elem, qk_elem=qe, p_cvt=plan.p_cvt,
+                pnq=plan.pnq, scale=plan.scale, p_elem=plan.p_elem, qk_elem=qe, p_cvt=plan.p_cvt, smooth_q=smooth,
             )  # fmt: skip
         else:
             dbg_chunk = None if dbg is None else torch.zeros_like(dbg[bs, qh])

@@ -404,8 +404,8 @@ def plan_call(
     # and the Gluon kernel serves the call, or where asked for (raises if it cannot run), else "tl".
     gluon_reason = fwd_hopper.gluon_fwd_reason(
         kv_bf16=wide, dq=d, dv=dv, block_n=bn, is_causal=is_causal, masked=mask is not None,
-        varlen=varlen is not None, debug_p=debug_p, smooth_q=cfg.smooth_q, p_elem=cfg.p.elem,
-        qk_elem=qe, scale=kscale,
+        varlen=varlen is not None, debug_p=debug_p, smooth_q_block=cfg.smooth_q_block if cfg.smooth_q else 0,
+        p_elem=cfg.p.elem, qk_elem=qe, scale=kscale,
     )  # fmt: skip
     fwd = fwd_hopper.fwd_kernel_for(target, gluon_reason, fwd_kernel)
     dp, dvp = padded_dim(d), padded_dim(dv)

@@ -94,10 +94,14 @@ def test_launch_carries_the_rowsum_switch(pnq, requested, expect):
     qs = torch.zeros(1, 1, 128, 4, dtype=torch.uint8)
     kx = torch.zeros(1, 1, 128, 128, dtype=torch.bfloat16)
     out = torch.empty(1, 1, 100, 128, dtype=torch.bfloat16)
-    _, call = hopper.gluon_fwd_call((qc, qs), kx, kx.clone(), lq=100, lk=100, group=1, out=out,
-                                    p_rule=(True, 2, 0), pnq=pnq, scale=0.1, rowsum_mma=requested)  # fmt: skip
+    kw = dict(lq=100, lk=100, group=1, out=out, p_rule=(True, 2, 0), pnq=pnq, scale=0.1)
+    _, call = hopper.gluon_fwd_call((qc, qs), kx, kx.clone(), rowsum_mma=requested, late_wait=requested, **kw)
     assert call.constants["ROWSUM"] is expect
     assert call.constants["ROWSUM_N"] == hopper.ROWSUM_N
+    assert call.constants["LATE_WAIT"] is requested  # a schedule, with or without PNQ
+    _, call = hopper.gluon_fwd_call((qc, qs), kx, kx.clone(), **kw)
+    assert call.constants["LATE_WAIT"] is hopper.LATE_WAIT
+    assert call.constants["ROWSUM"] is hopper.rowsum_applies(pnq)
 
 
 def test_fused_attention_refuses_an_explicit_gluon_it_cannot_run():
@@ -303,6 +307,7 @@ def test_equals_tl_kernel_bit_for_bit(lq, lk, hq, hk, case, rule, pnq, p_elem, q
         (257, 640, 2, 2, "ties", 128, "e4m3", dict(pingpong=True, stages=3)),
         (300, 333, 2, 2, "outliers", 128, "e4m3", dict(rowsum_mma=True)),
         (200, 1025, 4, 2, "nonfinite", 128, "e2m1", dict(rowsum_mma=True, overlap=False)),
+        (1000, 77, 2, 1, "zeros", 256, "e4m3", dict(late_wait=True)),
     ],
 )
 def test_smoothing_correction_equals_tl_kernel(lq, lk, hq, hk, case, block, p_elem, variant):
@@ -364,12 +369,13 @@ def test_fused_attention_same_bits_either_kernel(method, b, hq, hk, lq, lk, dtyp
 @pytest.mark.parametrize(
     "variant",
     [dict(overlap=False), dict(stages=3), dict(pingpong=True), dict(pingpong=True, stages=3),
-     dict(overlap=False, rowsum_mma=True), dict(stages=3, rowsum_mma=True), dict(pingpong=True, rowsum_mma=True)],
+     dict(overlap=False, rowsum_mma=True), dict(stages=3, rowsum_mma=True), dict(pingpong=True, rowsum_mma=True),
+     dict(late_wait=True), dict(late_wait=True, pingpong=True), dict(late_wait=True, rowsum_mma=True)],
 )  # fmt: skip
 def test_pipeline_variants_equal_tl_kernel(variant):
     """The schedules under study compute the same bits: without the intra-warpgroup overlap, with
-    3 ring stages, with the consumers' ping-pong (with the row sum by the tensor cores: up to l's
-    fp32 rounding)."""
+    3 ring stages, with the consumers' ping-pong, with the P^ V^ wait kept after the softmax (with
+    the row sum by the tensor cores: up to l's fp32 rounding)."""
     q_packed, kx, vx = _operands(1, 4, 2, 700, 1300, "e2m1", "outliers", seed=5)
     variant = dict(dict(rowsum_mma=False), **variant)
     (o_tl, l_tl), (o_g, l_g) = _both(q_packed, kx, vx, lq=700, lk=1300, group=2, out_dtype=torch.bfloat16,

@@ -72,6 +72,9 @@ STAGES, CONSUMER_REGS, PRODUCER_REGS, OVERLAP, PINGPONG = 2, 240, 24, True, Fals
 # With PNQ, the row sum of P^ by the tensor cores, P^ x ones [BN, ROWSUM_N] beside P^ V^; PNQ off keeps
 # the in-thread sum of the unquantized P~ (docs/design.md, 'Row sum by the tensor cores').
 ROWSUM_MMA, ROWSUM_N = False, 8
+# The P^_{j-1} V^_{j-1} wait behind an always-true branch, so that ptxas keeps it after the softmax
+# (without it ptxas hoists the wait above the exps: the product then overlaps the block maxima only).
+LATE_WAIT = False
 
 
 if triton is not None:
@@ -213,6 +216,15 @@ if HAS_GLUON:
         return warpgroup_mma(p_l, ones_smem.permute((1, 0)), zero_l, use_acc=False, is_async=True)
 
     @gluon.jit
+    def _pv_wait(o_tilde, t, v_tile, p, ROWSUM: gl.constexpr):
+        """Wait for P^ V^ (and with ROWSUM its row sum t): (O~, t) as tensors."""
+        if ROWSUM:
+            o_tilde, t, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, t, v_tile, p])
+        else:
+            o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_tile, p])
+        return o_tilde, t
+
+    @gluon.jit
     def _scale_l(l, alpha, ROWSUM: gl.constexpr):
         """With ROWSUM, l [R, N] is carried as alpha_j l_{j-1}, waiting for the row sum of tile j:
         the `tl` kernel's fmul alpha * l, its fadd of the tile's sum done when that sum lands."""
@@ -226,7 +238,7 @@ if HAS_GLUON:
                       PNQ: gl.constexpr, CEIL: gl.constexpr, Q_EXP: gl.constexpr, Q_MANT: gl.constexpr,
                       P_ELEM: gl.constexpr, P_CVT: gl.constexpr, STAGES: gl.constexpr, ME: gl.constexpr,
                       PINGPONG: gl.constexpr, MASKED: gl.constexpr, SMOOTH: gl.constexpr, ROWSUM: gl.constexpr,
-                      ones_smem, zero_l):  # fmt: skip
+                      ones_smem, zero_l, LATE_WAIT: gl.constexpr):  # fmt: skip
         """Key tile j >= 1 with the overlap: S_j and P^_{j-1} V^_{j-1} in flight together, the
         softmax of S_j under the latter; then O~ (P^_{j-1} V^_{j-1} added) times alpha_j (ROWSUM:
         l likewise, P^_{j-1}'s row sum from the tensor cores added, then times alpha_j)."""
@@ -239,6 +251,7 @@ if HAS_GLUON:
             mbarrier.wait(turn_mine, (j & 1) ^ (1 - ME))
         s = _qk(q_smem, k_smem, c_smem, slot, zero, SMOOTH)
         o_tilde = warpgroup_mma(p, v_smem.index(prev), o_tilde, is_async=True)
+        t = zero_l  # ROWSUM: P^_{j-1}'s row sum, in flight with P^_{j-1} V^_{j-1}
         if ROWSUM:
             t = _row_sum(p, ones_smem, zero_l)
         if PINGPONG:
@@ -251,11 +264,21 @@ if HAS_GLUON:
         m, alpha, l_new, p_next = _softmax(
             s, m, l, j * BN, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, MASKED, ROWSUM
         )
-        if ROWSUM:
-            o_tilde, t, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, t, v_smem.index(prev), p])
-            l = _scale_l(l + t, alpha, ROWSUM)
+        if LATE_WAIT:
+            # Always true (tile j holds keys), but the branch ends the softmax's basic block, which
+            # ptxas does not schedule the wait out of; the other arm (never run) opens with a fence so
+            # that LLVM cannot merge the arms and hoist the wait back.
+            if j * BN < Lk:
+                o_done, t_done = _pv_wait(o_tilde, t, v_smem.index(prev), p, ROWSUM)
+            else:
+                _cta_barrier()
+                o_done, t_done = _pv_wait(o_tilde, t, v_smem.index(prev), p, ROWSUM)
         else:
-            o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(prev), p])
+            o_done, t_done = _pv_wait(o_tilde, t, v_smem.index(prev), p, ROWSUM)
+        o_tilde = o_done
+        if ROWSUM:
+            l = _scale_l(l + t_done, alpha, ROWSUM)
+        else:
             l = l_new
         mbarrier.arrive(v_empty.index(prev))
         o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
@@ -298,7 +321,7 @@ if HAS_GLUON:
                   Q_MANT: gl.constexpr, P_ELEM: gl.constexpr, P_CVT: gl.constexpr, QK_ELEM: gl.constexpr,
                   OUT_MAX: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, turn_mine, turn_other,
                   ME: gl.constexpr, PINGPONG: gl.constexpr, SMOOTH: gl.constexpr, ROWSUM: gl.constexpr,
-                  ones_smem):  # fmt: skip
+                  ones_smem, LATE_WAIT: gl.constexpr):  # fmt: skip
         """Rows [row0, row0 + 64) of this CTA's query tile: the key loop and the epilogue."""
         R: gl.constexpr = q_smem.type.shape[0]
         BN: gl.constexpr = k_smem.type.shape[1]
@@ -349,13 +372,13 @@ if HAS_GLUON:
                 m, l, o_tilde, p = _overlap_step(
                     j, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
                     turn_mine, turn_other, zero, Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM,
-                    P_CVT, STAGES, ME, PINGPONG, False, SMOOTH, ROWSUM, ones_smem, zero_l,
+                    P_CVT, STAGES, ME, PINGPONG, False, SMOOTH, ROWSUM, ones_smem, zero_l, LATE_WAIT,
                 )  # fmt: skip
             for j in range(gl.maximum(n_full, 1), n_tiles):
                 m, l, o_tilde, p = _overlap_step(
                     j, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
                     turn_mine, turn_other, zero, Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM,
-                    P_CVT, STAGES, ME, PINGPONG, True, SMOOTH, ROWSUM, ones_smem, zero_l,
+                    P_CVT, STAGES, ME, PINGPONG, True, SMOOTH, ROWSUM, ones_smem, zero_l, LATE_WAIT,
                 )  # fmt: skip
             last = (n_tiles - 1) % STAGES
             mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
@@ -434,6 +457,7 @@ if HAS_GLUON:
         SMOOTH_Q_BLOCK: gl.constexpr,
         ROWSUM: gl.constexpr,
         ROWSUM_N: gl.constexpr,
+        LATE_WAIT: gl.constexpr,
     ):
         BN: gl.constexpr = k_desc.block_type.shape[0]
         DV: gl.constexpr = v_desc.block_type.shape[1]
@@ -486,14 +510,14 @@ if HAS_GLUON:
                     (Qc, Qs, Out, Lse, q0, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, q_row0,
                      row0, Lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od, DQ, PNQ, CEIL,
                      Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, OVERLAP, turns.index(0),
-                     turns.index(1), 0, PINGPONG, SMOOTH, ROWSUM, ones0),
+                     turns.index(1), 0, PINGPONG, SMOOTH, ROWSUM, ones0, LATE_WAIT),
                 ),
                 (
                     _consumer,
                     (Qc, Qs, Out, Lse, q1, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
                      q_row0 + R, row0 + R, Lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od,
                      DQ, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, OVERLAP,
-                     turns.index(1), turns.index(0), 1, PINGPONG, SMOOTH, ROWSUM, ones1),
+                     turns.index(1), turns.index(0), 1, PINGPONG, SMOOTH, ROWSUM, ones1, LATE_WAIT),
                 ),
                 (_producer, (k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty,
                              v_empty, bhk * LKP, c_row, n_tiles, STAGES, SMOOTH)),
@@ -591,15 +615,16 @@ def gluon_fwd_call(
     overlap: bool | None = None,
     pingpong: bool | None = None,
     rowsum_mma: bool | None = None,
+    late_wait: bool | None = None,
 ) -> tuple[torch.Tensor, GluonFwdCall]:
     """(lse [B, Hq, Lq], the launch) for pre-pass outputs: Q^ = (codes [B, Hq, LQP, DQ/2] (E4M3:
     [.., DQ]), E8M0 bytes [B, Hq, LQP, DQ/32]), K^ [B, Hkv, LKP, 128] and V^ [B, Hkv, LKP, 128]
     bf16 (contiguous), out [B, Hq, Lq, 128] (any strides), as `attention_fwd.fwd_calls` takes
     them; smooth_q = (corr [B, Hq, ceil(Lq / block), LKP] fp32 contiguous, block): Q smoothing's
     correction (`smoothing.smoothing_correction`), block a multiple of 128. p_cvt None: the hardware E4M3 cast where `targets.HW_E4M3_CAST` lists the target;
-    stages / overlap / pingpong / rowsum_mma None: the module's STAGES / OVERLAP / PINGPONG /
-    ROWSUM_MMA (experiments pass others; PINGPONG needs OVERLAP; the row sum by the tensor cores
-    applies with PNQ only)."""
+    stages / overlap / pingpong / rowsum_mma / late_wait None: the module's STAGES / OVERLAP /
+    PINGPONG / ROWSUM_MMA / LATE_WAIT (experiments pass others; PINGPONG needs OVERLAP; the row sum
+    by the tensor cores applies with PNQ only; LATE_WAIT changes the schedule, not the bits)."""
     qc, qs = q_packed
     bsz, hq, lqp, _ = qc.shape
     hk, lkp = kx.shape[1], kx.shape[2]
@@ -669,6 +694,7 @@ def gluon_fwd_call(
         SMOOTH_Q_BLOCK=blk,
         ROWSUM=rowsum_applies(pnq, rowsum_mma),
         ROWSUM_N=ROWSUM_N,
+        LATE_WAIT=LATE_WAIT if late_wait is None else late_wait,
     )
     args = (qc, qs, k_desc, v_desc, c_desc, out, lse, scale * LOG2E, lq, lk, hq, group, lqp, lkp, nbq,
             *out.stride())  # fmt: skip

@@ -1,9 +1,7 @@
 """The warp-specialized Gluon forward (`kernels.attention_fwd_hopper`): which calls it serves, its
 argument checks (CPU), and, on an sm_90 GPU, bit-for-bit equality with the `tl` kernel
 (`attention_fwd`) on the same pre-pass outputs: O and lse, every P~ ladder, rule and PNQ setting,
-lengths off the tiles, GQA, outliers, ties, zeros, NaN / Inf, huge and tiny block scales. With
-PNQ's row sum from the tensor cores (`rowsum_mma`), equality up to the rounding of fp32 additions
-(docs/design.md, 'Row sum by the tensor cores')."""
+lengths off the tiles, GQA, outliers, ties, zeros, NaN / Inf, huge and tiny block scales."""
 
 import pytest
 import torch
@@ -74,34 +72,19 @@ def test_kernel_choice_is_one_frozen_switch(monkeypatch):
         hopper.fwd_kernel_for(SM_90A, None, "triton")
 
 
-def test_rowsum_mma_is_one_frozen_switch_and_needs_pnq(monkeypatch):
-    """The row sum by the tensor cores: the module's ROWSUM_MMA unless asked, never without PNQ
-    (l then adds the unquantized P~, no MMA operand)."""
-    for default in (False, True):
-        monkeypatch.setattr(hopper, "ROWSUM_MMA", default)
-        assert hopper.rowsum_applies(True) is default
-        assert hopper.rowsum_applies(False) is False
-        assert hopper.rowsum_applies(True, not default) is (not default)
-        assert hopper.rowsum_applies(False, True) is False
-
-
 @pytest.mark.skipif(not hopper.HAS_GLUON, reason="this Triton has no Gluon")
-@pytest.mark.parametrize(
-    "pnq,requested,expect", [(True, True, True), (False, True, False), (True, False, False)]
-)
-def test_launch_carries_the_rowsum_switch(pnq, requested, expect):
+@pytest.mark.parametrize("requested", [None, True, False])
+def test_launch_carries_the_late_wait_switch(requested, monkeypatch):
+    """LATE_WAIT (a schedule, same bits): the module's value unless a launch asks otherwise."""
     qc = torch.zeros(1, 1, 128, 64, dtype=torch.uint8)
     qs = torch.zeros(1, 1, 128, 4, dtype=torch.uint8)
     kx = torch.zeros(1, 1, 128, 128, dtype=torch.bfloat16)
     out = torch.empty(1, 1, 100, 128, dtype=torch.bfloat16)
-    kw = dict(lq=100, lk=100, group=1, out=out, p_rule=(True, 2, 0), pnq=pnq, scale=0.1)
-    _, call = hopper.gluon_fwd_call((qc, qs), kx, kx.clone(), rowsum_mma=requested, late_wait=requested, **kw)
-    assert call.constants["ROWSUM"] is expect
-    assert call.constants["ROWSUM_N"] == hopper.ROWSUM_N
-    assert call.constants["LATE_WAIT"] is requested  # a schedule, with or without PNQ
-    _, call = hopper.gluon_fwd_call((qc, qs), kx, kx.clone(), **kw)
-    assert call.constants["LATE_WAIT"] is hopper.LATE_WAIT
-    assert call.constants["ROWSUM"] is hopper.rowsum_applies(pnq)
+    for default in (False, True):
+        monkeypatch.setattr(hopper, "LATE_WAIT", default)
+        _, call = hopper.gluon_fwd_call((qc, qs), kx, kx.clone(), lq=100, lk=100, group=1, out=out,
+                                        p_rule=(True, 2, 0), pnq=True, scale=0.1, late_wait=requested)  # fmt: skip
+        assert call.constants["LATE_WAIT"] is (default if requested is None else requested)
 
 
 def test_fused_attention_refuses_an_explicit_gluon_it_cannot_run():
@@ -249,18 +232,6 @@ def _assert_bitwise(a: torch.Tensor, b: torch.Tensor, what: str):
     )
 
 
-def _assert_rounding_close(out_g, lse_g, out_tl, lse_tl, what: str):
-    """Equal up to the rounding of l's fp32 additions (the row sum by the tensor cores): l within a
-    few fp32 ulps, so O within an ulp of its dtype (2 for fp32), lse within fp32 rounding of its
-    two terms; NaN, Inf and saturated values where the tl kernel has them."""
-    dt = out_tl.dtype
-    rtol = 2 * torch.finfo(dt).eps if dt != torch.float32 else 1e-5
-    torch.testing.assert_close(out_g.float(), out_tl.float(), rtol=rtol, atol=torch.finfo(dt).tiny,
-                               equal_nan=True, msg=lambda m: f"O ({what}): {m}")  # fmt: skip
-    torch.testing.assert_close(lse_g, lse_tl, rtol=2e-6, atol=1e-5, equal_nan=True,
-                               msg=lambda m: f"lse ({what}): {m}")  # fmt: skip
-
-
 @gpu
 @pytest.mark.parametrize(
     "lq,lk,hq,hk,case,rule,pnq,p_elem,qk_elem,out_dtype",
@@ -279,21 +250,10 @@ def test_equals_tl_kernel_bit_for_bit(lq, lk, hq, hk, case, rule, pnq, p_elem, q
     q_packed, kx, vx = _operands(1, hq, hk, lq, lk, qk_elem, case, seed=lq * 7 + lk)
     for scale in (128**-0.5, 37.0, 1e-7):
         (o_tl, l_tl), (o_g, l_g) = _both(q_packed, kx, vx, lq=lq, lk=lk, group=hq // hk, out_dtype=out_dtype,
-                                         rule=rule, pnq=pnq, p_elem=p_elem, qk_elem=qk_elem, scale=scale,
-                                         rowsum_mma=False)  # fmt: skip
+                                         rule=rule, pnq=pnq, p_elem=p_elem, qk_elem=qk_elem, scale=scale)  # fmt: skip
         assert not torch.isnan(o_tl).all()
         _assert_bitwise(o_g, o_tl, f"O (scale {scale})")
         _assert_bitwise(l_g, l_tl, f"lse (scale {scale})")
-        # The row sum by the tensor cores: the same up to l's fp32 rounding; bit for bit where every
-        # tile's sum is exact (scale 1e-7: every P^ is 1) and without PNQ (today's code).
-        (_, _), (o_r, l_r) = _both(q_packed, kx, vx, lq=lq, lk=lk, group=hq // hk, out_dtype=out_dtype,
-                                   rule=rule, pnq=pnq, p_elem=p_elem, qk_elem=qk_elem, scale=scale,
-                                   rowsum_mma=True)  # fmt: skip
-        if scale == 1e-7 or not pnq:
-            _assert_bitwise(o_r, o_tl, f"O, rowsum_mma (scale {scale})")
-            _assert_bitwise(l_r, l_tl, f"lse, rowsum_mma (scale {scale})")
-        else:
-            _assert_rounding_close(o_r, l_r, o_tl, l_tl, f"rowsum_mma, scale {scale}")
 
 
 @gpu
@@ -305,26 +265,19 @@ def test_equals_tl_kernel_bit_for_bit(lq, lk, hq, hk, case, rule, pnq, p_elem, q
         (200, 1025, 4, 2, "nonfinite", 128, "e2m1", {}),
         (700, 1300, 2, 2, "huge", 384, "e4m3", dict(overlap=False)),
         (257, 640, 2, 2, "ties", 128, "e4m3", dict(pingpong=True, stages=3)),
-        (300, 333, 2, 2, "outliers", 128, "e4m3", dict(rowsum_mma=True)),
-        (200, 1025, 4, 2, "nonfinite", 128, "e2m1", dict(rowsum_mma=True, overlap=False)),
-        (1000, 77, 2, 1, "zeros", 256, "e4m3", dict(late_wait=True)),
+        (300, 333, 2, 2, "outliers", 128, "e4m3", dict(late_wait=True)),
     ],
 )
 def test_smoothing_correction_equals_tl_kernel(lq, lk, hq, hk, case, block, p_elem, variant):
     """Q smoothing: the correction row, TMA-loaded with K^_j and used as the QK wgmma's initial
     accumulator, gives the `tl` kernel's bits (there `s + corr`, folded by Triton into the same
-    accumulator), for blocks of 1-3 CTA tiles, Inf / NaN corrections, every schedule (with the row
-    sum by the tensor cores: up to l's fp32 rounding)."""
+    accumulator), for blocks of 1-3 CTA tiles, Inf / NaN corrections, every schedule."""
     q_packed, kx, vx = _operands(2, hq, hk, lq, lk, "e2m1", case, seed=lq + 3 * lk)
     corr = _correction(2, hq, lq, lk, block, case, seed=lq)
-    variant = dict(dict(rowsum_mma=False), **variant)
     for scale in (128**-0.5, 3.0):
         (o_tl, l_tl), (o_g, l_g) = _both(q_packed, kx, vx, lq=lq, lk=lk, group=hq // hk, out_dtype=torch.bfloat16,
                                          rule="uos", pnq=True, p_elem=p_elem, qk_elem="e2m1", scale=scale,
                                          smooth_q=(corr, block), **variant)  # fmt: skip
-        if variant["rowsum_mma"]:
-            _assert_rounding_close(o_g, l_g, o_tl, l_tl, f"rowsum_mma, scale {scale}")
-            continue
         _assert_bitwise(o_g, o_tl, f"O (scale {scale})")
         _assert_bitwise(l_g, l_tl, f"lse (scale {scale})")
     # The correction is not ignored: without it the bits differ.
@@ -358,31 +311,22 @@ def test_fused_attention_same_bits_either_kernel(method, b, hq, hk, lq, lk, dtyp
     cfg = get_method(method)
     o_tl, l_tl, _ = fused_attention(q, k, v, cfg, scale=128**-0.5, fwd_kernel="tl")
     o_g, l_g, _ = fused_attention(q, k, v, cfg, scale=128**-0.5, fwd_kernel="gluon")
-    if hopper.rowsum_applies(cfg.pnq):
-        _assert_rounding_close(o_g, l_g, o_tl, l_tl, "rowsum_mma")
-    else:
-        _assert_bitwise(o_g, o_tl, "O")
-        _assert_bitwise(l_g, l_tl, "lse")
+    _assert_bitwise(o_g, o_tl, "O")
+    _assert_bitwise(l_g, l_tl, "lse")
 
 
 @gpu
 @pytest.mark.parametrize(
     "variant",
     [dict(overlap=False), dict(stages=3), dict(pingpong=True), dict(pingpong=True, stages=3),
-     dict(overlap=False, rowsum_mma=True), dict(stages=3, rowsum_mma=True), dict(pingpong=True, rowsum_mma=True),
-     dict(late_wait=True), dict(late_wait=True, pingpong=True), dict(late_wait=True, rowsum_mma=True)],
+     dict(late_wait=True), dict(late_wait=True, pingpong=True), dict(late_wait=True, stages=3)],
 )  # fmt: skip
 def test_pipeline_variants_equal_tl_kernel(variant):
     """The schedules under study compute the same bits: without the intra-warpgroup overlap, with
-    3 ring stages, with the consumers' ping-pong, with the P^ V^ wait kept after the softmax (with
-    the row sum by the tensor cores: up to l's fp32 rounding)."""
+    3 ring stages, with the consumers' ping-pong, with the P^ V^ wait kept after the softmax."""
     q_packed, kx, vx = _operands(1, 4, 2, 700, 1300, "e2m1", "outliers", seed=5)
-    variant = dict(dict(rowsum_mma=False), **variant)
     (o_tl, l_tl), (o_g, l_g) = _both(q_packed, kx, vx, lq=700, lk=1300, group=2, out_dtype=torch.bfloat16,
                                      rule="uos", pnq=True, p_elem="e2m1", qk_elem="e2m1", scale=0.088,
                                      **variant)  # fmt: skip
-    if variant["rowsum_mma"]:
-        _assert_rounding_close(o_g, l_g, o_tl, l_tl, str(variant))
-    else:
-        _assert_bitwise(o_g, o_tl, "O")
-        _assert_bitwise(l_g, l_tl, "lse")
+    _assert_bitwise(o_g, o_tl, "O")
+    _assert_bitwise(l_g, l_tl, "lse")

@@ -13,8 +13,7 @@ on the H200): S = Q^ K^_j^T by bf16 wgmma m64n128k16 over the same head-dim orde
 accumulation; with Q smoothing started from the correction row qm K^_j^T, the accumulator Triton
 makes of the `tl` kernel's `s + corr`), the block maxima, row max, alpha, P~ roundings (`cast.block_scale`,
 `cast.elem_round`), the row sum in the `tl` kernel's layouts (the same in-thread order and lane
-shuffles), O~ = alpha O~ + P^ V^_j, then O = O~ / l, lse. With `ROWSUM_MMA` (PNQ only) the row sum
-comes from the tensor cores instead, equal up to the rounding of its fp32 additions.
+shuffles), O~ = alpha O~ + P^ V^_j, then O = O~ / l, lse.
 
 Structure (one CTA per 128 query rows of one (batch, head)):
 
@@ -69,9 +68,6 @@ BLOCK_M = 128  # query rows per CTA: two consumers of 64
 BLOCK_N = 128  # keys per tile (cfg.block_n must be this)
 # K^ / V^ ring stages, registers per consumer / producer thread (setmaxnreg), consumer pipelining.
 STAGES, CONSUMER_REGS, PRODUCER_REGS, OVERLAP, PINGPONG = 2, 240, 24, True, False
-# With PNQ, the row sum of P^ by the tensor cores, P^ x ones [BN, ROWSUM_N] beside P^ V^; PNQ off keeps
-# the in-thread sum of the unquantized P~ (docs/design.md, 'Row sum by the tensor cores').
-ROWSUM_MMA, ROWSUM_N = False, 8
 # The P^_{j-1} V^_{j-1} wait behind an always-true branch, so that ptxas keeps it after the softmax
 # (without it ptxas hoists the wait above the exps: the product then overlaps the block maxima only).
 LATE_WAIT = False
@@ -189,11 +185,10 @@ if HAS_GLUON:
     @gluon.jit
     def _softmax(s, m, l, start_n, Lk, qk_scale, dot_a: gl.constexpr, PNQ: gl.constexpr, CEIL: gl.constexpr,
                  Q_EXP: gl.constexpr, Q_MANT: gl.constexpr, P_ELEM: gl.constexpr, P_CVT: gl.constexpr,
-                 MASKED: gl.constexpr, ROWSUM: gl.constexpr):  # fmt: skip
+                 MASKED: gl.constexpr):  # fmt: skip
         """(m_new, alpha, l after tile j, P^ as the bf16 A operand) of scores s, with the `tl`
         kernel's operations and reduction layouts; MASKED: keys past Lk get -inf (the tiles with
-        such keys; where(valid, s, -inf) is s itself elsewhere, so the fast tiles skip it).
-        ROWSUM: l is returned as given (the tensor cores add P^'s row sum: `_row_sum`)."""
+        such keys; where(valid, s, -inf) is s itself elsewhere, so the fast tiles skip it)."""
         R: gl.constexpr = s.shape[0]
         BN: gl.constexpr = s.shape[1]
         if MASKED:
@@ -203,45 +198,19 @@ if HAS_GLUON:
         if not PNQ:
             l = alpha * l + gl.convert_layout(gl.sum(gl.reshape(p3, [R, BN]), 1), alpha.type.layout)
         p = gl.convert_layout(gl.reshape(p_hat3, [R, BN]).to(gl.bfloat16), dot_a)
-        if PNQ and not ROWSUM:
+        if PNQ:
             l = alpha * l + gl.convert_layout(gl.sum(gl.sum(p_hat3, 1), 1), alpha.type.layout)
         return m_new, alpha, l, p
-
-    @gluon.jit
-    def _row_sum(p, ones_smem, zero_l):
-        """Issue t = P^ x ones [BN, N] (async) from the register A operand of P^ V^: every column of
-        t [R, N] is the row sum of P^ (products by 1 exact, fp32 accumulation)."""
-        dot_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=zero_l.type.layout, k_width=2)
-        p_l = gl.convert_layout(p, dot_l, assert_trivial=True)
-        return warpgroup_mma(p_l, ones_smem.permute((1, 0)), zero_l, use_acc=False, is_async=True)
-
-    @gluon.jit
-    def _pv_wait(o_tilde, t, v_tile, p, ROWSUM: gl.constexpr):
-        """Wait for P^ V^ (and with ROWSUM its row sum t): (O~, t) as tensors."""
-        if ROWSUM:
-            o_tilde, t, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, t, v_tile, p])
-        else:
-            o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_tile, p])
-        return o_tilde, t
-
-    @gluon.jit
-    def _scale_l(l, alpha, ROWSUM: gl.constexpr):
-        """With ROWSUM, l [R, N] is carried as alpha_j l_{j-1}, waiting for the row sum of tile j:
-        the `tl` kernel's fmul alpha * l, its fadd of the tile's sum done when that sum lands."""
-        if ROWSUM:
-            l = l * gl.convert_layout(alpha, gl.SliceLayout(1, l.type.layout))[:, None]
-        return l
 
     @gluon.jit
     def _overlap_step(j, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
                       turn_mine, turn_other, zero, Lk, qk_scale, mma: gl.constexpr, dot_a: gl.constexpr,
                       PNQ: gl.constexpr, CEIL: gl.constexpr, Q_EXP: gl.constexpr, Q_MANT: gl.constexpr,
                       P_ELEM: gl.constexpr, P_CVT: gl.constexpr, STAGES: gl.constexpr, ME: gl.constexpr,
-                      PINGPONG: gl.constexpr, MASKED: gl.constexpr, SMOOTH: gl.constexpr, ROWSUM: gl.constexpr,
-                      ones_smem, zero_l, LATE_WAIT: gl.constexpr):  # fmt: skip
+                      PINGPONG: gl.constexpr, MASKED: gl.constexpr, SMOOTH: gl.constexpr,
+                      LATE_WAIT: gl.constexpr):  # fmt: skip
         """Key tile j >= 1 with the overlap: S_j and P^_{j-1} V^_{j-1} in flight together, the
-        softmax of S_j under the latter; then O~ (P^_{j-1} V^_{j-1} added) times alpha_j (ROWSUM:
-        l likewise, P^_{j-1}'s row sum from the tensor cores added, then times alpha_j)."""
+        softmax of S_j under the latter; then O~ (P^_{j-1} V^_{j-1} added) times alpha_j."""
         BN: gl.constexpr = k_smem.type.shape[1]
         slot = j % STAGES
         prev = (j - 1) % STAGES
@@ -251,47 +220,34 @@ if HAS_GLUON:
             mbarrier.wait(turn_mine, (j & 1) ^ (1 - ME))
         s = _qk(q_smem, k_smem, c_smem, slot, zero, SMOOTH)
         o_tilde = warpgroup_mma(p, v_smem.index(prev), o_tilde, is_async=True)
-        t = zero_l  # ROWSUM: P^_{j-1}'s row sum, in flight with P^_{j-1} V^_{j-1}
-        if ROWSUM:
-            t = _row_sum(p, ones_smem, zero_l)
         if PINGPONG:
             mbarrier.arrive(turn_other)
-        if ROWSUM:  # three groups in flight: wait for the first (S_j) only
-            s, _k_done = warpgroup_mma_wait(2, deps=[s, k_smem.index(slot)])
-        else:
-            s, _k_done = warpgroup_mma_wait(1, deps=[s, k_smem.index(slot)])
+        s, _k_done = warpgroup_mma_wait(1, deps=[s, k_smem.index(slot)])
         mbarrier.arrive(k_empty.index(slot))
-        m, alpha, l_new, p_next = _softmax(
-            s, m, l, j * BN, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, MASKED, ROWSUM
+        m, alpha, l, p_next = _softmax(
+            s, m, l, j * BN, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, MASKED
         )
         if LATE_WAIT:
             # Always true (tile j holds keys), but the branch ends the softmax's basic block, which
-            # ptxas does not schedule the wait out of; the other arm (never run) opens with a fence so
-            # that LLVM cannot merge the arms and hoist the wait back.
+            # ptxas does not schedule the wait out of; the other arm (never run) opens with a barrier
+            # so that LLVM cannot merge the arms and hoist the wait back.
             if j * BN < Lk:
-                o_done, t_done = _pv_wait(o_tilde, t, v_smem.index(prev), p, ROWSUM)
+                o_done, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(prev), p])
             else:
                 _cta_barrier()
-                o_done, t_done = _pv_wait(o_tilde, t, v_smem.index(prev), p, ROWSUM)
+                o_done, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(prev), p])
         else:
-            o_done, t_done = _pv_wait(o_tilde, t, v_smem.index(prev), p, ROWSUM)
-        o_tilde = o_done
-        if ROWSUM:
-            l = _scale_l(l + t_done, alpha, ROWSUM)
-        else:
-            l = l_new
+            o_done, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(prev), p])
         mbarrier.arrive(v_empty.index(prev))
-        o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
+        o_tilde = o_done * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
         return m, l, o_tilde, p_next
 
     @gluon.jit
     def _plain_step(j, m, l, o_tilde, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, zero,
                     Lk, qk_scale, mma: gl.constexpr, dot_a: gl.constexpr, PNQ: gl.constexpr, CEIL: gl.constexpr,
                     Q_EXP: gl.constexpr, Q_MANT: gl.constexpr, P_ELEM: gl.constexpr, P_CVT: gl.constexpr,
-                    STAGES: gl.constexpr, MASKED: gl.constexpr, SMOOTH: gl.constexpr, ROWSUM: gl.constexpr,
-                    ones_smem, zero_l):  # fmt: skip
-        """Key tile j without the overlap: S_j, softmax, O~ alpha + P^_j V^_j (ROWSUM: l alpha +
-        P^_j's row sum from the tensor cores), each waited for."""
+                    STAGES: gl.constexpr, MASKED: gl.constexpr, SMOOTH: gl.constexpr):  # fmt: skip
+        """Key tile j without the overlap: S_j, softmax, O~ alpha + P^_j V^_j, each waited for."""
         BN: gl.constexpr = k_smem.type.shape[1]
         slot = j % STAGES
         mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
@@ -299,18 +255,12 @@ if HAS_GLUON:
         s, _k_done = warpgroup_mma_wait(0, deps=[s, k_smem.index(slot)])
         mbarrier.arrive(k_empty.index(slot))
         m, alpha, l, p = _softmax(
-            s, m, l, j * BN, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, MASKED, ROWSUM
+            s, m, l, j * BN, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, MASKED
         )
-        l = _scale_l(l, alpha, ROWSUM)
         o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
         mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
         o_tilde = warpgroup_mma(p, v_smem.index(slot), o_tilde, is_async=True)
-        if ROWSUM:
-            t = _row_sum(p, ones_smem, zero_l)
-            o_tilde, t, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, t, v_smem.index(slot), p])
-            l = l + t
-        else:
-            o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(slot), p])
+        o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(slot), p])
         mbarrier.arrive(v_empty.index(slot))
         return m, l, o_tilde
 
@@ -320,8 +270,8 @@ if HAS_GLUON:
                   DQ: gl.constexpr, PNQ: gl.constexpr, CEIL: gl.constexpr, Q_EXP: gl.constexpr,
                   Q_MANT: gl.constexpr, P_ELEM: gl.constexpr, P_CVT: gl.constexpr, QK_ELEM: gl.constexpr,
                   OUT_MAX: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, turn_mine, turn_other,
-                  ME: gl.constexpr, PINGPONG: gl.constexpr, SMOOTH: gl.constexpr, ROWSUM: gl.constexpr,
-                  ones_smem, LATE_WAIT: gl.constexpr):  # fmt: skip
+                  ME: gl.constexpr, PINGPONG: gl.constexpr, SMOOTH: gl.constexpr,
+                  LATE_WAIT: gl.constexpr):  # fmt: skip
         """Rows [row0, row0 + 64) of this CTA's query tile: the key loop and the epilogue."""
         R: gl.constexpr = q_smem.type.shape[0]
         BN: gl.constexpr = k_smem.type.shape[1]
@@ -330,10 +280,6 @@ if HAS_GLUON:
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16]
         )
         dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-        NL: gl.constexpr = ones_smem.type.shape[0]  # ROWSUM: the row-sum wgmma's N
-        if ROWSUM:  # the ones tile, made visible to the wgmmas by _q_hat_to_smem's fence and barrier
-            io_l: gl.constexpr = gl.BlockedLayout([1, 8], [NL, 32 // NL], [gl.num_warps(), 1], [1, 0])
-            ones_smem.store(gl.full([NL, BN], 1.0, gl.bfloat16, io_l))
         _q_hat_to_smem(Qc, Qs, q_row0, q_smem, DQ, QK_ELEM)
         zero = gl.zeros([R, BN], gl.float32, mma)
         o_tilde = gl.zeros([R, DV], gl.float32, mma)
@@ -341,15 +287,7 @@ if HAS_GLUON:
         m = gl.max(
             gl.max(gl.reshape(gl.full([R, BN], float("-inf"), gl.float32, mma), [R, BN // 32, 32]), 2), 1
         )
-        if ROWSUM:  # l [R, N] in the row-sum wgmma's accumulator layout, every column the same
-            mma_l: gl.constexpr = gl.NVMMADistributedLayout(
-                version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NL, 16]
-            )
-            zero_l = gl.zeros([R, NL], gl.float32, mma_l)
-            l = zero_l
-        else:
-            zero_l = zero  # unused
-            l = gl.zeros_like(m)
+        l = gl.zeros_like(m)
         n_full = Lk // BN  # tiles whose keys are all valid: no select on their scores
         if OVERLAP:
             # PINGPONG: the consumers take turns issuing their wgmmas (turn barriers, one arrive per
@@ -364,53 +302,42 @@ if HAS_GLUON:
             s, _k_done = warpgroup_mma_wait(0, deps=[s, k_smem.index(0)])
             mbarrier.arrive(k_empty.index(0))
             m, alpha, l, p = _softmax(
-                s, m, l, 0, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, True, ROWSUM
+                s, m, l, 0, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, True
             )
-            l = _scale_l(l, alpha, ROWSUM)
             o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
             for j in range(1, n_full):
                 m, l, o_tilde, p = _overlap_step(
                     j, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
                     turn_mine, turn_other, zero, Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM,
-                    P_CVT, STAGES, ME, PINGPONG, False, SMOOTH, ROWSUM, ones_smem, zero_l, LATE_WAIT,
+                    P_CVT, STAGES, ME, PINGPONG, False, SMOOTH, LATE_WAIT,
                 )  # fmt: skip
             for j in range(gl.maximum(n_full, 1), n_tiles):
                 m, l, o_tilde, p = _overlap_step(
                     j, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
                     turn_mine, turn_other, zero, Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM,
-                    P_CVT, STAGES, ME, PINGPONG, True, SMOOTH, ROWSUM, ones_smem, zero_l, LATE_WAIT,
+                    P_CVT, STAGES, ME, PINGPONG, True, SMOOTH, LATE_WAIT,
                 )  # fmt: skip
             last = (n_tiles - 1) % STAGES
             mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
             if PINGPONG:
                 mbarrier.wait(turn_mine, (n_tiles & 1) ^ (1 - ME))
             o_tilde = warpgroup_mma(p, v_smem.index(last), o_tilde, is_async=True)
-            if ROWSUM:
-                t = _row_sum(p, ones_smem, zero_l)
             if PINGPONG:
                 mbarrier.arrive(turn_other)
-            if ROWSUM:
-                o_tilde, t, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, t, v_smem.index(last), p])
-                l = l + t
-            else:
-                o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(last), p])
+            o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(last), p])
             mbarrier.arrive(v_empty.index(last))
         else:
             for j in range(0, n_full):
                 m, l, o_tilde = _plain_step(
                     j, m, l, o_tilde, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, zero,
                     Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, STAGES, False, SMOOTH,
-                    ROWSUM, ones_smem, zero_l,
                 )  # fmt: skip
             for j in range(n_full, n_tiles):
                 m, l, o_tilde = _plain_step(
                     j, m, l, o_tilde, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, zero,
                     Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, STAGES, True, SMOOTH,
-                    ROWSUM, ones_smem, zero_l,
                 )  # fmt: skip
 
-        if ROWSUM:  # the columns are equal: any one is l (max keeps NaN where all are NaN)
-            l = gl.max(l, 1)
         out, lse = _finish(o_tilde, gl.convert_layout(l, gl.SliceLayout(1, mma)),
                            gl.convert_layout(m, gl.SliceLayout(1, mma)), OUT_MAX)  # fmt: skip
         rows = row0 + gl.arange(0, R, layout=gl.SliceLayout(1, mma))
@@ -455,8 +382,6 @@ if HAS_GLUON:
         CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
         SMOOTH_Q_BLOCK: gl.constexpr,
-        ROWSUM: gl.constexpr,
-        ROWSUM_N: gl.constexpr,
         LATE_WAIT: gl.constexpr,
     ):
         BN: gl.constexpr = k_desc.block_type.shape[0]
@@ -487,13 +412,6 @@ if HAS_GLUON:
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=2)  # one arrive per consumer partition
             mbarrier.init(v_empty.index(i), count=2)
-        if ROWSUM:  # one ones tile [N, BN] per consumer (written by it, read as the K-major B [BN, N])
-            ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWSUM_N, BN], gl.bfloat16)
-            ones0 = gl.allocate_shared_memory(gl.bfloat16, [ROWSUM_N, BN], ones_layout)
-            ones1 = gl.allocate_shared_memory(gl.bfloat16, [ROWSUM_N, BN], ones_layout)
-        else:  # not read
-            ones0 = q0
-            ones1 = q1
         turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(turns.index(i), count=1)
@@ -510,14 +428,14 @@ if HAS_GLUON:
                     (Qc, Qs, Out, Lse, q0, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, q_row0,
                      row0, Lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od, DQ, PNQ, CEIL,
                      Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, OVERLAP, turns.index(0),
-                     turns.index(1), 0, PINGPONG, SMOOTH, ROWSUM, ones0, LATE_WAIT),
+                     turns.index(1), 0, PINGPONG, SMOOTH, LATE_WAIT),
                 ),
                 (
                     _consumer,
                     (Qc, Qs, Out, Lse, q1, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
                      q_row0 + R, row0 + R, Lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od,
                      DQ, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, OVERLAP,
-                     turns.index(1), turns.index(0), 1, PINGPONG, SMOOTH, ROWSUM, ones1, LATE_WAIT),
+                     turns.index(1), turns.index(0), 1, PINGPONG, SMOOTH, LATE_WAIT),
                 ),
                 (_producer, (k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty,
                              v_empty, bhk * LKP, c_row, n_tiles, STAGES, SMOOTH)),
@@ -614,7 +532,6 @@ def gluon_fwd_call(
     stages: int | None = None,
     overlap: bool | None = None,
     pingpong: bool | None = None,
-    rowsum_mma: bool | None = None,
     late_wait: bool | None = None,
 ) -> tuple[torch.Tensor, GluonFwdCall]:
     """(lse [B, Hq, Lq], the launch) for pre-pass outputs: Q^ = (codes [B, Hq, LQP, DQ/2] (E4M3:
@@ -622,9 +539,9 @@ def gluon_fwd_call(
     bf16 (contiguous), out [B, Hq, Lq, 128] (any strides), as `attention_fwd.fwd_calls` takes
     them; smooth_q = (corr [B, Hq, ceil(Lq / block), LKP] fp32 contiguous, block): Q smoothing's
     correction (`smoothing.smoothing_correction`), block a multiple of 128. p_cvt None: the hardware E4M3 cast where `targets.HW_E4M3_CAST` lists the target;
-    stages / overlap / pingpong / rowsum_mma / late_wait None: the module's STAGES / OVERLAP /
-    PINGPONG / ROWSUM_MMA / LATE_WAIT (experiments pass others; PINGPONG needs OVERLAP; the row sum
-    by the tensor cores applies with PNQ only; LATE_WAIT changes the schedule, not the bits)."""
+    stages / overlap / pingpong / late_wait None: the module's STAGES / OVERLAP / PINGPONG /
+    LATE_WAIT (experiments pass others; PINGPONG needs OVERLAP; LATE_WAIT changes the schedule, not
+    the bits)."""
     qc, qs = q_packed
     bsz, hq, lqp, _ = qc.shape
     hk, lkp = kx.shape[1], kx.shape[2]
@@ -692,19 +609,11 @@ def gluon_fwd_call(
         CONSUMER_REGS=CONSUMER_REGS,
         PRODUCER_REGS=PRODUCER_REGS,
         SMOOTH_Q_BLOCK=blk,
-        ROWSUM=rowsum_applies(pnq, rowsum_mma),
-        ROWSUM_N=ROWSUM_N,
         LATE_WAIT=LATE_WAIT if late_wait is None else late_wait,
     )
     args = (qc, qs, k_desc, v_desc, c_desc, out, lse, scale * LOG2E, lq, lk, hq, group, lqp, lkp, nbq,
             *out.stride())  # fmt: skip
     return lse, GluonFwdCall((lqp // BLOCK_M, bsz * hq), args, constants)
-
-
-def rowsum_applies(pnq: bool, requested: bool | None = None) -> bool:
-    """Whether the kernel takes PNQ's row sum from the tensor cores: `requested` (None: the module's
-    ROWSUM_MMA), with PNQ only (without PNQ, l adds the unquantized P~, which is no MMA operand)."""
-    return bool(pnq and (ROWSUM_MMA if requested is None else requested))
 
 
 def mx_attention_fwd_hopper(

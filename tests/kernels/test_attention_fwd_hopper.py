@@ -8,6 +8,7 @@ import torch
 
 from mxattention.kernels import attention_fwd_hopper as hopper
 from mxattention.kernels import targets
+from mxattention.kernels.rules import rule_constants
 from mxattention.kernels.targets import SM_90A, SM_100A
 
 SUPPORTED = dict(kv_bf16=True, dq=128, dv=128, block_n=128)
@@ -140,6 +141,28 @@ def test_launch_arguments_are_checked(bad):
         return
     with pytest.raises(ValueError):
         hopper.gluon_fwd_call((qc, qs), kx, vx, **kw)
+
+
+@pytest.mark.skipif(not hopper.HAS_GLUON, reason="this Triton has no Gluon")
+def test_launch_stores_o_by_tma_where_it_can(monkeypatch):
+    """O leaves by TMA (O_TMA) for 2-byte outputs whose strides a descriptor takes, the [B, L, H, D]
+    view models hand over included, else by gl.store; OUT_TMA switches it off."""
+    b, h, lq, lk = 1, 2, 100, 130
+    q_packed = (torch.zeros(b, h, 128, 64, dtype=torch.uint8), torch.zeros(b, h, 128, 4, dtype=torch.uint8))
+    kx = torch.zeros(b, h, 256, 128, dtype=torch.bfloat16)
+    kw = dict(lq=lq, lk=lk, group=1, p_rule=(True, 2, 0), pnq=True, scale=0.1)
+
+    def o_tma(out):
+        return hopper.gluon_fwd_call(q_packed, kx, kx, out=out, **kw)[1].constants["O_TMA"]
+
+    out = torch.empty(b, h, lq, 128, dtype=torch.bfloat16)
+    blhd = torch.empty(b, lq, h, 128, dtype=torch.float16).transpose(1, 2)
+    wide = torch.empty(b, h, lq, 136, dtype=torch.bfloat16)[..., :128]  # rows of 272 bytes: aligned
+    odd = torch.empty(b, h, lq, 129, dtype=torch.bfloat16)[..., :128]  # rows of 258 bytes: not
+    for o, want in ((out, True), (blhd, True), (wide, True), (odd, False), (out.float(), False)):
+        assert o_tma(o) is want, (o.dtype, o.stride())
+    monkeypatch.setattr(hopper, "OUT_TMA", False)
+    assert o_tma(out) is False
 
 
 # ---- H200 (sm_90): bit for bit against the tl kernel --------------------------------------------
@@ -330,3 +353,38 @@ def test_pipeline_variants_equal_tl_kernel(variant):
                                      **variant)  # fmt: skip
     _assert_bitwise(o_g, o_tl, "O")
     _assert_bitwise(l_g, l_tl, "lse")
+
+
+@gpu
+@pytest.mark.parametrize(
+    "lq,lk,hq,hk,case,p_elem,qk_elem,out_dtype,out_layout",
+    [
+        (1000, 77, 4, 1, "zeros", "e2m1", "e2m1", torch.bfloat16, "blhd"),
+        (129, 512, 4, 2, "nonfinite", "e4m3", "e2m1", torch.float16, "blhd"),
+        (257, 640, 2, 2, "huge", "e2m1", "e2m1", torch.bfloat16, "odd"),
+        (190, 255, 2, 2, "outliers", "e4m3", "e4m3", torch.float32, "bhld"),
+    ],
+)
+def test_tma_store_epilogue_equals_tl_kernel(lq, lk, hq, hk, case, p_elem, qk_elem, out_dtype, out_layout):
+    """O through shared memory by one TMA store per consumer (rows past Lq clipped), into the
+    transposed [B, L, H, D] view as into [B, H, L, D]; outputs TMA cannot address (rows of 258 bytes,
+    fp32) by gl.store: the tl kernel's bits either way, and the gl.store epilogue's."""
+    q_packed, kx, vx = _operands(1, hq, hk, lq, lk, qk_elem, case, seed=lq * 3 + lk)
+    (o_tl, l_tl), _ = _both(q_packed, kx, vx, lq=lq, lk=lk, group=hq // hk, out_dtype=out_dtype, rule="uos",
+                            pnq=True, p_elem=p_elem, qk_elem=qk_elem, scale=128**-0.5)  # fmt: skip
+    r = rule_constants("uos", p_elem)
+    kw = dict(lq=lq, lk=lk, group=hq // hk, p_rule=(r.ceil, r.q_exp, r.q_mant), pnq=True, scale=128**-0.5,
+              p_elem=p_elem, qk_elem=qk_elem, p_cvt=p_elem == "e4m3")  # fmt: skip
+    if out_layout == "blhd":
+        out = torch.full((1, lq, hq, 128), float("nan"), device="cuda", dtype=out_dtype).transpose(1, 2)
+    elif out_layout == "odd":
+        out = torch.full((1, hq, lq, 129), float("nan"), device="cuda", dtype=out_dtype)[..., :128]
+    else:
+        out = torch.full((1, hq, lq, 128), float("nan"), device="cuda", dtype=out_dtype)
+    assert hopper.gluon_fwd_call(q_packed, kx, vx, out=out, **kw)[1].constants["O_TMA"] is (
+        out_layout == "blhd"
+    )
+    lse = hopper.mx_attention_fwd_hopper(q_packed, kx, vx, out=out, **kw)
+    assert not torch.isnan(o_tl).all()
+    _assert_bitwise(out.contiguous(), o_tl, "O")
+    _assert_bitwise(lse, l_tl, "lse")

@@ -45,6 +45,7 @@ from mxattention.kernels.targets import Target, current_target, hw_e4m3_cast
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language._core import _unwrap_if_constexpr, builtin
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
         mbarrier,
@@ -56,6 +57,7 @@ try:
 
     # Renamed after Triton 3.6 (CI runs 3.9); same arguments.
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
     HAS_GLUON = True
 except (ImportError, AttributeError):  # no Triton, or one without Gluon's Hopper layer
@@ -71,6 +73,10 @@ STAGES, CONSUMER_REGS, PRODUCER_REGS, OVERLAP, PINGPONG = 2, 240, 24, True, Fals
 # The P^_{j-1} V^_{j-1} wait behind an always-true branch, so that ptxas keeps it after the softmax
 # (without it ptxas hoists the wait above the exps: the product then overlaps the block maxima only).
 LATE_WAIT = False
+# O leaves through shared memory by one TMA store per consumer where out's strides allow a
+# descriptor and its dtype is 2 bytes (the tile then fits in the consumer's Q^ buffer; docs/design.md,
+# 'O by TMA store').
+OUT_TMA = True
 
 
 if triton is not None:
@@ -110,6 +116,15 @@ if triton is not None:
 
 
 if HAS_GLUON:
+
+    @builtin
+    def _smem_as(buf, dtype, shape, layout, _semantic=None):
+        """buf viewed with another dtype, shape and layout: Gluon's `reinterpret` (`_reinterpret`
+        in Triton 3.6), callable under either name."""
+        shape = [_unwrap_if_constexpr(s) for s in shape]
+        return _semantic.memdesc_reinterpret(
+            buf, _unwrap_if_constexpr(dtype), shape, _unwrap_if_constexpr(layout)
+        )
 
     @gluon.jit
     def _q_hat_to_smem(Qc, Qs, q_row0, q_smem, DQ: gl.constexpr, QK_ELEM: gl.constexpr):
@@ -271,8 +286,10 @@ if HAS_GLUON:
                   Q_MANT: gl.constexpr, P_ELEM: gl.constexpr, P_CVT: gl.constexpr, QK_ELEM: gl.constexpr,
                   OUT_MAX: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, turn_mine, turn_other,
                   ME: gl.constexpr, PINGPONG: gl.constexpr, SMOOTH: gl.constexpr,
-                  LATE_WAIT: gl.constexpr):  # fmt: skip
-        """Rows [row0, row0 + 64) of this CTA's query tile: the key loop and the epilogue."""
+                  LATE_WAIT: gl.constexpr, o_desc, b, h, O_TMA: gl.constexpr):  # fmt: skip
+        """Rows [row0, row0 + 64) of this CTA's query tile: the key loop and the epilogue. O_TMA: O
+        goes through q_smem and o_desc (a [B, Hq, Lq, DV] descriptor over out's strides; rows past
+        Lq are clipped), else by gl.store."""
         R: gl.constexpr = q_smem.type.shape[0]
         BN: gl.constexpr = k_smem.type.shape[1]
         DV: gl.constexpr = v_smem.type.shape[2]
@@ -341,10 +358,20 @@ if HAS_GLUON:
         out, lse = _finish(o_tilde, gl.convert_layout(l, gl.SliceLayout(1, mma)),
                            gl.convert_layout(m, gl.SliceLayout(1, mma)), OUT_MAX)  # fmt: skip
         rows = row0 + gl.arange(0, R, layout=gl.SliceLayout(1, mma))
-        cols = gl.arange(0, DV, layout=gl.SliceLayout(0, mma))
-        optr = Out + out_base + rows[:, None].to(gl.int64) * stride_om + cols[None, :] * stride_od
-        gl.store(optr, out.to(Out.dtype.element_ty), mask=(rows[:, None] < lq) & (cols[None, :] < DV))
+        if O_TMA:
+            # q_smem is free: every wgmma that read it has been waited for.
+            o_smem = _smem_as(q_smem, o_desc.dtype, [R, DV], q_smem.type.layout)
+            o_smem.store(out.to(o_desc.dtype))
+            fence_async_shared()
+            _cta_barrier()  # every thread's part of O is in shared memory before the TMA reads it
+            _tma_store(o_desc, [b, h, row0, 0], _smem_as(q_smem, o_desc.dtype, [1, 1, R, DV], o_desc.layout))
+        else:
+            cols = gl.arange(0, DV, layout=gl.SliceLayout(0, mma))
+            optr = Out + out_base + rows[:, None].to(gl.int64) * stride_om + cols[None, :] * stride_od
+            gl.store(optr, out.to(Out.dtype.element_ty), mask=(rows[:, None] < lq) & (cols[None, :] < DV))
         gl.store(Lse + lse_base + rows, lse, mask=rows < lq)
+        if O_TMA:
+            tma.store_wait(pendings=0)  # q_smem stays allocated until the store has read it
 
     @gluon.jit
     def _mx_attention_fwd_hopper_kernel(
@@ -354,6 +381,7 @@ if HAS_GLUON:
         v_desc,
         c_desc,
         Out,
+        o_desc,
         Lse,
         qk_scale,
         Lq,
@@ -383,6 +411,7 @@ if HAS_GLUON:
         PRODUCER_REGS: gl.constexpr,
         SMOOTH_Q_BLOCK: gl.constexpr,
         LATE_WAIT: gl.constexpr,
+        O_TMA: gl.constexpr,
     ):
         BN: gl.constexpr = k_desc.block_type.shape[0]
         DV: gl.constexpr = v_desc.block_type.shape[1]
@@ -428,14 +457,14 @@ if HAS_GLUON:
                     (Qc, Qs, Out, Lse, q0, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, q_row0,
                      row0, Lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od, DQ, PNQ, CEIL,
                      Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, OVERLAP, turns.index(0),
-                     turns.index(1), 0, PINGPONG, SMOOTH, LATE_WAIT),
+                     turns.index(1), 0, PINGPONG, SMOOTH, LATE_WAIT, o_desc, b, h, O_TMA),
                 ),
                 (
                     _consumer,
                     (Qc, Qs, Out, Lse, q1, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
                      q_row0 + R, row0 + R, Lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od,
                      DQ, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, OVERLAP,
-                     turns.index(1), turns.index(0), 1, PINGPONG, SMOOTH, LATE_WAIT),
+                     turns.index(1), turns.index(0), 1, PINGPONG, SMOOTH, LATE_WAIT, o_desc, b, h, O_TMA),
                 ),
                 (_producer, (k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty,
                              v_empty, bhk * LKP, c_row, n_tiles, STAGES, SMOOTH)),
@@ -510,6 +539,26 @@ class GluonFwdCall:
     args: tuple
     constants: dict
     num_warps: int = 4
+
+
+def _out_desc(out: torch.Tensor) -> TensorDescriptor | None:
+    """A [B, Hq, Lq, 128] TMA descriptor over out's own strides, boxes of one consumer's [1, 1, 64,
+    128], where TMA can write out (2-byte dtype, unit last stride, 16-byte aligned base and strides)
+    and `OUT_TMA` is on; else None (the kernel's gl.store)."""
+    ok = (
+        OUT_TMA
+        and out.dtype in (torch.bfloat16, torch.float16)
+        and out.stride(-1) == 1
+        and out.data_ptr() % 16 == 0
+        and all(st % 8 == 0 for st in out.stride()[:-1])
+    )
+    if not ok:
+        return None
+    dt = gl.bfloat16 if out.dtype == torch.bfloat16 else gl.float16
+    box = [1, 1, BLOCK_M // 2, HEAD_DIM]
+    return TensorDescriptor(
+        out, list(out.shape), list(out.stride()), box, gl.NVMMASharedLayout.get_default_for(box, dt)
+    )
 
 
 def gluon_fwd_call(
@@ -611,7 +660,9 @@ def gluon_fwd_call(
         SMOOTH_Q_BLOCK=blk,
         LATE_WAIT=LATE_WAIT if late_wait is None else late_wait,
     )
-    args = (qc, qs, k_desc, v_desc, c_desc, out, lse, scale * LOG2E, lq, lk, hq, group, lqp, lkp, nbq,
+    o_desc = _out_desc(out)
+    constants["O_TMA"] = o_desc is not None
+    args = (qc, qs, k_desc, v_desc, c_desc, out, o_desc, lse, scale * LOG2E, lq, lk, hq, group, lqp, lkp, nbq,
             *out.stride())  # fmt: skip
     return lse, GluonFwdCall((lqp // BLOCK_M, bsz * hq), args, constants)
 

@@ -73,21 +73,6 @@ def test_kernel_choice_is_one_frozen_switch(monkeypatch):
         hopper.fwd_kernel_for(SM_90A, None, "triton")
 
 
-@pytest.mark.skipif(not hopper.HAS_GLUON, reason="this Triton has no Gluon")
-@pytest.mark.parametrize("requested", [None, True, False])
-def test_launch_carries_the_late_wait_switch(requested, monkeypatch):
-    """LATE_WAIT (a schedule, same bits): the module's value unless a launch asks otherwise."""
-    qc = torch.zeros(1, 1, 128, 64, dtype=torch.uint8)
-    qs = torch.zeros(1, 1, 128, 4, dtype=torch.uint8)
-    kx = torch.zeros(1, 1, 128, 128, dtype=torch.bfloat16)
-    out = torch.empty(1, 1, 100, 128, dtype=torch.bfloat16)
-    for default in (False, True):
-        monkeypatch.setattr(hopper, "LATE_WAIT", default)
-        _, call = hopper.gluon_fwd_call((qc, qs), kx, kx.clone(), lq=100, lk=100, group=1, out=out,
-                                        p_rule=(True, 2, 0), pnq=True, scale=0.1, late_wait=requested)  # fmt: skip
-        assert call.constants["LATE_WAIT"] is (default if requested is None else requested)
-
-
 def test_fused_attention_refuses_an_explicit_gluon_it_cannot_run():
     from mxattention.attention.config import get_method
     from mxattention.kernels.fused import fused_attention
@@ -288,7 +273,6 @@ def test_equals_tl_kernel_bit_for_bit(lq, lk, hq, hk, case, rule, pnq, p_elem, q
         (200, 1025, 4, 2, "nonfinite", 128, "e2m1", {}),
         (700, 1300, 2, 2, "huge", 384, "e4m3", dict(overlap=False)),
         (257, 640, 2, 2, "ties", 128, "e4m3", dict(pingpong=True, stages=3)),
-        (300, 333, 2, 2, "outliers", 128, "e4m3", dict(late_wait=True)),
     ],
 )
 def test_smoothing_correction_equals_tl_kernel(lq, lk, hq, hk, case, block, p_elem, variant):
@@ -341,12 +325,11 @@ def test_fused_attention_same_bits_either_kernel(method, b, hq, hk, lq, lk, dtyp
 @gpu
 @pytest.mark.parametrize(
     "variant",
-    [dict(overlap=False), dict(stages=3), dict(pingpong=True), dict(pingpong=True, stages=3),
-     dict(late_wait=True), dict(late_wait=True, pingpong=True), dict(late_wait=True, stages=3)],
-)  # fmt: skip
+    [dict(overlap=False), dict(stages=3), dict(pingpong=True), dict(pingpong=True, stages=3)],
+)
 def test_pipeline_variants_equal_tl_kernel(variant):
     """The schedules under study compute the same bits: without the intra-warpgroup overlap, with
-    3 ring stages, with the consumers' ping-pong, with the P^ V^ wait kept after the softmax."""
+    3 ring stages, with the consumers' ping-pong."""
     q_packed, kx, vx = _operands(1, 4, 2, 700, 1300, "e2m1", "outliers", seed=5)
     (o_tl, l_tl), (o_g, l_g) = _both(q_packed, kx, vx, lq=700, lk=1300, group=2, out_dtype=torch.bfloat16,
                                      rule="uos", pnq=True, p_elem="e2m1", qk_elem="e2m1", scale=0.088,

@@ -135,8 +135,10 @@ def test_gluon_forward_wgmmas_run_unserialized(builds, spec):
     """The Gluon sm_90a forward: each consumer's key loop issues the 8 + 8 wgmmas (m64n128k16) its
     64 rows x 128 keys x 128 dims need, ptxas keeps them asynchronous (no C7513 / C7515), nothing
     spills under the partitions' register budgets, and the loop stays near the `tl` kernel's ~1030
-    SASS instructions per tile (benchmarks/NOTES.md)."""
+    SASS instructions per tile (benchmarks/NOTES.md), and the wait for P^_{j-1} V^_{j-1} stays after
+    the softmax's exps (ptxas moved it before them until v13-late)."""
     r = _build(builds, spec)
+    assert r["pv_wait_after_exps"] == [True, True], r
     assert r["hgmma_per_tile"] == [16, 16], r
     assert not r["wgmma_serialized"], "ptxas serialized the wgmmas (C7513 / C7515)"
     assert r["spill_bytes"] == 0, r

@@ -70,9 +70,6 @@ BLOCK_M = 128  # query rows per CTA: two consumers of 64
 BLOCK_N = 128  # keys per tile (cfg.block_n must be this)
 # K^ / V^ ring stages, registers per consumer / producer thread (setmaxnreg), consumer pipelining.
 STAGES, CONSUMER_REGS, PRODUCER_REGS, OVERLAP, PINGPONG = 2, 240, 24, True, False
-# The P^_{j-1} V^_{j-1} wait behind an always-true branch, so that ptxas keeps it after the softmax
-# (without it ptxas hoists the wait above the exps: the product then overlaps the block maxima only).
-LATE_WAIT = False
 # O leaves through shared memory by one TMA store per consumer where out's strides allow a
 # descriptor and its dtype is 2 bytes (the tile then fits in the consumer's Q^ buffer; docs/design.md,
 # 'O by TMA store').
@@ -222,8 +219,7 @@ if HAS_GLUON:
                       turn_mine, turn_other, zero, Lk, qk_scale, mma: gl.constexpr, dot_a: gl.constexpr,
                       PNQ: gl.constexpr, CEIL: gl.constexpr, Q_EXP: gl.constexpr, Q_MANT: gl.constexpr,
                       P_ELEM: gl.constexpr, P_CVT: gl.constexpr, STAGES: gl.constexpr, ME: gl.constexpr,
-                      PINGPONG: gl.constexpr, MASKED: gl.constexpr, SMOOTH: gl.constexpr,
-                      LATE_WAIT: gl.constexpr):  # fmt: skip
+                      PINGPONG: gl.constexpr, MASKED: gl.constexpr, SMOOTH: gl.constexpr):  # fmt: skip
         """Key tile j >= 1 with the overlap: S_j and P^_{j-1} V^_{j-1} in flight together, the
         softmax of S_j under the latter; then O~ (P^_{j-1} V^_{j-1} added) times alpha_j."""
         BN: gl.constexpr = k_smem.type.shape[1]
@@ -242,16 +238,16 @@ if HAS_GLUON:
         m, alpha, l, p_next = _softmax(
             s, m, l, j * BN, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, MASKED
         )
-        if LATE_WAIT:
-            # Always true (tile j holds keys), but the branch ends the softmax's basic block, which
-            # ptxas does not schedule the wait out of; the other arm (never run) opens with a barrier
-            # so that LLVM cannot merge the arms and hoist the wait back.
-            if j * BN < Lk:
-                o_done, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(prev), p])
-            else:
-                _cta_barrier()
-                o_done, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(prev), p])
+        # The wait for P^_{j-1} V^_{j-1} behind an always-true branch (tile j holds keys): without it
+        # ptxas places the wait before the softmax's exps (SASS line 162 of 932, though PTX has it
+        # here and no register needs it earlier), so the product overlapped the block maxima only;
+        # the branch ends the softmax's basic block, which ptxas does not move the wait out of (same
+        # bits, kernel -4.4 % at 16k: benchmarks/NOTES.md, v13-late). The other arm (never run) opens
+        # with a barrier so that LLVM cannot merge the arms and hoist the wait back.
+        if j * BN < Lk:
+            o_done, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(prev), p])
         else:
+            _cta_barrier()
             o_done, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(prev), p])
         mbarrier.arrive(v_empty.index(prev))
         o_tilde = o_done * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
@@ -285,8 +281,8 @@ if HAS_GLUON:
                   DQ: gl.constexpr, PNQ: gl.constexpr, CEIL: gl.constexpr, Q_EXP: gl.constexpr,
                   Q_MANT: gl.constexpr, P_ELEM: gl.constexpr, P_CVT: gl.constexpr, QK_ELEM: gl.constexpr,
                   OUT_MAX: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, turn_mine, turn_other,
-                  ME: gl.constexpr, PINGPONG: gl.constexpr, SMOOTH: gl.constexpr,
-                  LATE_WAIT: gl.constexpr, o_desc, b, h, O_TMA: gl.constexpr):  # fmt: skip
+                  ME: gl.constexpr, PINGPONG: gl.constexpr, SMOOTH: gl.constexpr, o_desc, b, h,
+                  O_TMA: gl.constexpr):  # fmt: skip
         """Rows [row0, row0 + 64) of this CTA's query tile: the key loop and the epilogue. O_TMA: O
         goes through q_smem and o_desc (a [B, Hq, Lq, DV] descriptor over out's strides; rows past
         Lq are clipped), else by gl.store."""
@@ -326,13 +322,13 @@ if HAS_GLUON:
                 m, l, o_tilde, p = _overlap_step(
                     j, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
                     turn_mine, turn_other, zero, Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM,
-                    P_CVT, STAGES, ME, PINGPONG, False, SMOOTH, LATE_WAIT,
+                    P_CVT, STAGES, ME, PINGPONG, False, SMOOTH,
                 )  # fmt: skip
             for j in range(gl.maximum(n_full, 1), n_tiles):
                 m, l, o_tilde, p = _overlap_step(
                     j, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
                     turn_mine, turn_other, zero, Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM,
-                    P_CVT, STAGES, ME, PINGPONG, True, SMOOTH, LATE_WAIT,
+                    P_CVT, STAGES, ME, PINGPONG, True, SMOOTH,
                 )  # fmt: skip
             last = (n_tiles - 1) % STAGES
             mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
@@ -410,7 +406,6 @@ if HAS_GLUON:
         CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
         SMOOTH_Q_BLOCK: gl.constexpr,
-        LATE_WAIT: gl.constexpr,
         O_TMA: gl.constexpr,
     ):
         BN: gl.constexpr = k_desc.block_type.shape[0]
@@ -457,14 +452,14 @@ if HAS_GLUON:
                     (Qc, Qs, Out, Lse, q0, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, q_row0,
                      row0, Lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od, DQ, PNQ, CEIL,
                      Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, OVERLAP, turns.index(0),
-                     turns.index(1), 0, PINGPONG, SMOOTH, LATE_WAIT, o_desc, b, h, O_TMA),
+                     turns.index(1), 0, PINGPONG, SMOOTH, o_desc, b, h, O_TMA),
                 ),
                 (
                     _consumer,
                     (Qc, Qs, Out, Lse, q1, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
                      q_row0 + R, row0 + R, Lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od,
                      DQ, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, OVERLAP,
-                     turns.index(1), turns.index(0), 1, PINGPONG, SMOOTH, LATE_WAIT, o_desc, b, h, O_TMA),
+                     turns.index(1), turns.index(0), 1, PINGPONG, SMOOTH, o_desc, b, h, O_TMA),
                 ),
                 (_producer, (k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty,
                              v_empty, bhk * LKP, c_row, n_tiles, STAGES, SMOOTH)),
@@ -581,16 +576,14 @@ def gluon_fwd_call(
     stages: int | None = None,
     overlap: bool | None = None,
     pingpong: bool | None = None,
-    late_wait: bool | None = None,
 ) -> tuple[torch.Tensor, GluonFwdCall]:
     """(lse [B, Hq, Lq], the launch) for pre-pass outputs: Q^ = (codes [B, Hq, LQP, DQ/2] (E4M3:
     [.., DQ]), E8M0 bytes [B, Hq, LQP, DQ/32]), K^ [B, Hkv, LKP, 128] and V^ [B, Hkv, LKP, 128]
     bf16 (contiguous), out [B, Hq, Lq, 128] (any strides), as `attention_fwd.fwd_calls` takes
     them; smooth_q = (corr [B, Hq, ceil(Lq / block), LKP] fp32 contiguous, block): Q smoothing's
     correction (`smoothing.smoothing_correction`), block a multiple of 128. p_cvt None: the hardware E4M3 cast where `targets.HW_E4M3_CAST` lists the target;
-    stages / overlap / pingpong / late_wait None: the module's STAGES / OVERLAP / PINGPONG /
-    LATE_WAIT (experiments pass others; PINGPONG needs OVERLAP; LATE_WAIT changes the schedule, not
-    the bits)."""
+    stages / overlap / pingpong None: the module's STAGES / OVERLAP / PINGPONG (experiments pass
+    others; PINGPONG needs OVERLAP)."""
     qc, qs = q_packed
     bsz, hq, lqp, _ = qc.shape
     hk, lkp = kx.shape[1], kx.shape[2]
@@ -658,7 +651,6 @@ def gluon_fwd_call(
         CONSUMER_REGS=CONSUMER_REGS,
         PRODUCER_REGS=PRODUCER_REGS,
         SMOOTH_Q_BLOCK=blk,
-        LATE_WAIT=LATE_WAIT if late_wait is None else late_wait,
     )
     o_desc = _out_desc(out)
     constants["O_TMA"] = o_desc is not None

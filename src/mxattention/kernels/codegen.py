@@ -316,7 +316,9 @@ def summarize_gluon(target: Target, case: Case = Case(kernel="gluon")) -> dict:
     """Build the Gluon forward (`attention_fwd_hopper`) for `case` (bf16 K^ / V^, D 128, the method's
     P~ ladder, rule and PNQ) and read it: registers at launch and per partition (the setmaxnreg
     values: consumer 0, consumer 1, producer), spills, wgmma serialization (ptxas C7513 / C7515),
-    HGMMA and SASS instructions per key tile of each consumer's loop, shared memory."""
+    HGMMA and SASS instructions per key tile of each consumer's loop, whether each loop's last
+    wgmma wait (the one for P^_{j-1} V^_{j-1}) comes after its last exp2 (the product runs under
+    the whole softmax), shared memory."""
     import triton
 
     from mxattention.kernels import attention_fwd_hopper as hopper
@@ -360,9 +362,15 @@ def summarize_gluon(target: Target, case: Case = Case(kernel="gluon")) -> dict:
         wgmma_serialized=bool(re.search(r"C751[35]", log)),
         hgmma_per_tile=[sum(op.startswith("HGMMA") for op in b) for b in per_tile],
         instructions_per_tile=[len(b) for b in per_tile],
+        pv_wait_after_exps=[_last(b, "WARPGROUP.DEPBAR") > _last(b, "MUFU.EX2") for b in per_tile],
         instructions=len(sass), shared=compiled.metadata.shared, stages=call.constants["STAGES"],
         overlap=call.constants["OVERLAP"], compile_s=round(seconds, 2),
     )  # fmt: skip
+
+
+def _last(ops: list[str], prefix: str) -> int:
+    """Index of the last opcode starting with `prefix` (-1 if none)."""
+    return max((i for i, op in enumerate(ops) if op.startswith(prefix)), default=-1)
 
 
 TARGETS_BY_NAME = {t.name: t for t in (*MX_TARGETS, SM_90A)}

@@ -123,6 +123,7 @@ def test_launch_arguments_are_checked(bad):
     if bad is None:  # the good call builds its launch
         _, call = hopper.gluon_fwd_call((qc, qs), kx, vx, **kw)
         assert call.constants["SMOOTH_Q_BLOCK"] == 128 and call.grid == (1, b * h)
+        assert call.constants["CORR_MMA"] == hopper.CORR_MMA and call.args[4] is smooth[0]
         return
     with pytest.raises(ValueError):
         hopper.gluon_fwd_call((qc, qs), kx, vx, **kw)
@@ -208,6 +209,12 @@ def _correction(b, hq, lq, lk, block, case, seed):
     if case == "nonfinite" and corr.shape[2] > 1:
         corr[:, :, 1, 5] = float("inf")
         corr[:, :, 1, 6] = float("nan")
+        corr[:, :, 1, 7] = float("-inf")
+    if case == "huge":  # magnitudes at both ends where the three bf16 parts stay normal, and zeros
+        corr[:, :, 0] *= 1e30
+        corr[:, :, -1] *= 1e-20
+        corr[:, :, :, 3] = 0.0
+        corr[:, :, :, 4] = -0.0
     corr[..., lk:] = 0.0
     return corr
 
@@ -273,12 +280,16 @@ def test_equals_tl_kernel_bit_for_bit(lq, lk, hq, hk, case, rule, pnq, p_elem, q
         (200, 1025, 4, 2, "nonfinite", 128, "e2m1", {}),
         (700, 1300, 2, 2, "huge", 384, "e4m3", dict(overlap=False)),
         (257, 640, 2, 2, "ties", 128, "e4m3", dict(pingpong=True, stages=3)),
+        (300, 333, 2, 2, "outliers", 128, "e4m3", dict(corr_mma=False)),
+        (200, 1025, 4, 2, "nonfinite", 128, "e2m1", dict(corr_mma=False)),
+        (700, 1300, 2, 2, "huge", 384, "e4m3", dict(corr_mma=False, overlap=False)),
     ],
 )
 def test_smoothing_correction_equals_tl_kernel(lq, lk, hq, hk, case, block, p_elem, variant):
-    """Q smoothing: the correction row, TMA-loaded with K^_j and used as the QK wgmma's initial
-    accumulator, gives the `tl` kernel's bits (there `s + corr`, folded by Triton into the same
-    accumulator), for blocks of 1-3 CTA tiles, Inf / NaN corrections, every schedule."""
+    """Q smoothing: the correction row as the QK wgmma's initial accumulator, made by a k16 wgmma of
+    its three bf16 parts (corr_mma, the default) or loaded and broadcast, gives the `tl` kernel's
+    bits (there `s + corr`, folded by Triton into the same accumulator), for blocks of 1-3 CTA
+    tiles, Inf / NaN corrections, magnitudes 1e30 and 1e-20, zeros of both signs, every schedule."""
     q_packed, kx, vx = _operands(2, hq, hk, lq, lk, "e2m1", case, seed=lq + 3 * lk)
     corr = _correction(2, hq, lq, lk, block, case, seed=lq)
     for scale in (128**-0.5, 3.0):

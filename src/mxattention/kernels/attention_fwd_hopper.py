@@ -70,6 +70,9 @@ BLOCK_M = 128  # query rows per CTA: two consumers of 64
 BLOCK_N = 128  # keys per tile (cfg.block_n must be this)
 # K^ / V^ ring stages, registers per consumer / producer thread (setmaxnreg), consumer pipelining.
 STAGES, CONSUMER_REGS, PRODUCER_REGS, OVERLAP, PINGPONG = 2, 240, 24, True, False
+# Q smoothing's correction row into the QK accumulator: one k16 wgmma of its bf16 parts, which the
+# producer writes (True), or shared-memory loads and moves in the consumers (False).
+CORR_MMA = True
 # O leaves through shared memory by one TMA store per consumer where out's strides allow a
 # descriptor and its dtype is 2 bytes (the tile then fits in the consumer's Q^ buffer; docs/design.md,
 # 'O by TMA store').
@@ -157,30 +160,66 @@ if HAS_GLUON:
 
     @gluon.jit
     def _producer(k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, kv_row0,
-                  c_row, n_tiles, STAGES: gl.constexpr, SMOOTH: gl.constexpr):  # fmt: skip
+                  c_row, LKP, n_tiles, STAGES: gl.constexpr, SMOOTH: gl.constexpr):  # fmt: skip
         """TMA K^_j, V^_j (rows kv_row0 + j BN of the [B Hkv LKP, D] views) into ring slot j % STAGES
-        once both consumers released it (a fresh barrier passes the parity-1 wait); SMOOTH: also
-        keys [j BN, (j + 1) BN) of correction row c_row, on K^_j's barrier."""
+        once both consumers released it (a fresh barrier passes the parity-1 wait); SMOOTH (0 none,
+        1 row, 2 parts): also keys [j BN, (j + 1) BN) of correction row c_row, on K^_j's barrier: by
+        TMA as fp32 (1), or in three bf16 parts written by this warp (2, `_corr_parts`)."""
         BN: gl.constexpr = k_desc.block_type.shape[0]
         for j in range(n_tiles):
             slot = j % STAGES
             phase = ((j // STAGES) & 1) ^ 1
             mbarrier.wait(k_empty.index(slot), phase)
-            if SMOOTH:
+            if SMOOTH == 1:
                 mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes + c_desc.block_type.nbytes)
                 _tma_load(c_desc, [c_row, j * BN], k_ready.index(slot), c_smem.index(slot))
             else:
                 mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
             _tma_load(k_desc, [kv_row0 + j * BN, 0], k_ready.index(slot), k_smem.index(slot))
+            if SMOOTH == 2:
+                c_smem.index(slot).store(_corr_parts(c_desc, c_row, LKP, j * BN, BN))
+                fence_async_shared()  # the generic-proxy stores before the wgmma (async proxy) reads them
+                mbarrier.arrive(k_ready.index(slot))  # the barrier's second arrival (init count 2)
             mbarrier.wait(v_empty.index(slot), phase)
             mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
             _tma_load(v_desc, [kv_row0 + j * BN, 0], v_ready.index(slot), v_smem.index(slot))
 
     @gluon.jit
+    def _corr_parts(Corr, c_row, LKP, start_n, BN: gl.constexpr):
+        """Keys [start_n, start_n + BN) of fp32 correction row c_row of Corr [*, LKP] as a [16, BN]
+        bf16 B operand: rows 0-2 the parts p0 + p1 + p2 = c exactly (p0 the top 16 bits of c, p1
+        those of c - p0, p2 the rest: <= 8 significant bits; Inf / NaN in p0 alone), rows 3-15
+        zero; one warp."""
+        lay: gl.constexpr = gl.BlockedLayout([16, BN // 32], [1, 32], [1, 1], [1, 0])
+        cols = gl.arange(0, BN, layout=gl.SliceLayout(0, lay))
+        c = gl.load(Corr + c_row.to(gl.int64) * LKP + start_n + cols)
+        hi = (c.to(gl.int32, bitcast=True) & -65536).to(gl.float32, bitcast=True)
+        r = c - hi
+        mid = (r.to(gl.int32, bitcast=True) & -65536).to(gl.float32, bitcast=True)
+        finite = gl.abs(c) < float("inf")
+        p0 = gl.where(finite, hi, c).to(gl.bfloat16)[None, :]
+        p1 = gl.where(finite, mid, 0.0).to(gl.bfloat16)[None, :]
+        p2 = gl.where(finite, r - mid, 0.0).to(gl.bfloat16)[None, :]
+        rows = gl.arange(0, 16, layout=gl.SliceLayout(1, lay))[:, None]
+        zero = gl.zeros([16, BN], gl.bfloat16, lay)
+        return gl.where(rows == 0, p0, gl.where(rows == 1, p1, gl.where(rows == 2, p2, zero)))
+
+    @gluon.jit
     def _qk(q_smem, k_smem, c_smem, slot, zero, SMOOTH: gl.constexpr):
-        """Issue S = Q^ K^_slot^T (async; K^ landed), SMOOTH: from the correction row qm K^T as the
-        initial accumulator (exact in fp32; the `tl` kernel's `s + corr` becomes the same)."""
-        if SMOOTH:
+        """Issue S = Q^ K^_slot^T (async; K^ landed), SMOOTH (> 0): from the correction row qm K^T as
+        the initial accumulator (exact in fp32; the `tl` kernel's `s + corr` becomes the same),
+        read from shared memory and broadcast (1) or made by one k16 wgmma, ones [R, 16] (columns
+        0-2) x the row's three bf16 parts (2: no loads or moves per tile)."""
+        if SMOOTH == 2:
+            R: gl.constexpr = zero.shape[0]
+            dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=zero.type.layout, k_width=2)
+            col = gl.arange(0, 16, layout=gl.SliceLayout(0, dot_a))[None, :]
+            ones = gl.where(
+                col < 3, gl.full([R, 16], 1.0, gl.bfloat16, dot_a), gl.zeros([R, 16], gl.bfloat16, dot_a)
+            )
+            acc = warpgroup_mma(ones, c_smem.index(slot), zero, use_acc=False, is_async=True)
+            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), acc, use_acc=True, is_async=True)
+        elif SMOOTH == 1:
             BN: gl.constexpr = zero.shape[1]
             flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
             row = (
@@ -406,6 +445,7 @@ if HAS_GLUON:
         CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
         SMOOTH_Q_BLOCK: gl.constexpr,
+        CORR_MMA: gl.constexpr,
         O_TMA: gl.constexpr,
     ):
         BN: gl.constexpr = k_desc.block_type.shape[0]
@@ -421,10 +461,13 @@ if HAS_GLUON:
         q1 = gl.allocate_shared_memory(gl.bfloat16, [R, DQ], q_layout)
         k_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, DQ], k_desc.layout)
         v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, DV], v_desc.layout)
-        SMOOTH: gl.constexpr = SMOOTH_Q_BLOCK > 0
-        if SMOOTH:
-            # Q smoothing's correction Corr [B Hq NBQ, LKP] (fp32): this CTA's rows lie in one block.
+        # Q smoothing's correction Corr [B Hq NBQ, LKP] (fp32): this CTA's rows lie in one block.
+        SMOOTH: gl.constexpr = 0 if SMOOTH_Q_BLOCK == 0 else (2 if CORR_MMA else 1)
+        if SMOOTH == 1:
             c_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BN], c_desc.layout)
+        elif SMOOTH == 2:
+            parts: gl.constexpr = gl.NVMMASharedLayout.get_default_for([16, BN], gl.bfloat16)
+            c_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 16, BN], parts)
         else:
             c_smem = k_smem  # never read
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -432,7 +475,7 @@ if HAS_GLUON:
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
-            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(k_ready.index(i), count=2 if SMOOTH == 2 else 1)  # + the producer's parts
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=2)  # one arrive per consumer partition
             mbarrier.init(v_empty.index(i), count=2)
@@ -462,7 +505,7 @@ if HAS_GLUON:
                      turns.index(1), turns.index(0), 1, PINGPONG, SMOOTH, o_desc, b, h, O_TMA),
                 ),
                 (_producer, (k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty,
-                             v_empty, bhk * LKP, c_row, n_tiles, STAGES, SMOOTH)),
+                             v_empty, bhk * LKP, c_row, LKP, n_tiles, STAGES, SMOOTH)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -573,6 +616,7 @@ def gluon_fwd_call(
     p_cvt: bool | None = None,
     lse: torch.Tensor | None = None,
     smooth_q: tuple[torch.Tensor, int] | None = None,
+    corr_mma: bool | None = None,
     stages: int | None = None,
     overlap: bool | None = None,
     pingpong: bool | None = None,
@@ -622,10 +666,13 @@ def gluon_fwd_call(
                 f"[B, Hq, ceil(Lq / block), LKP] = {[bsz, hq, nbq, lkp]} expected, got block {blk}, corr "
                 f"{tuple(corr.shape)} {corr.dtype}"
             )
-        # One row of keys per tile, no swizzle: the consumers read it back as a flat [BN] vector.
-        c_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-        c2 = corr.view(bsz * hq * nbq, lkp)
-        c_desc = TensorDescriptor(c2, list(c2.shape), list(c2.stride()), [1, BLOCK_N], c_layout)
+        corr_mma = CORR_MMA if corr_mma is None else corr_mma
+        if corr_mma:  # the producer reads the rows itself
+            c_desc = corr
+        else:  # one row of keys per tile, no swizzle: the consumers read it back as a flat [BN] vector
+            c_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+            c2 = corr.view(bsz * hq * nbq, lkp)
+            c_desc = TensorDescriptor(c2, list(c2.shape), list(c2.stride()), [1, BLOCK_N], c_layout)
     if lse is None:
         lse = torch.empty((bsz, hq, lq), dtype=torch.float32, device=qc.device)
     layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], gl.bfloat16)
@@ -651,6 +698,7 @@ def gluon_fwd_call(
         CONSUMER_REGS=CONSUMER_REGS,
         PRODUCER_REGS=PRODUCER_REGS,
         SMOOTH_Q_BLOCK=blk,
+        CORR_MMA=bool(blk and corr_mma),
     )
     o_desc = _out_desc(out)
     constants["O_TMA"] = o_desc is not None

@@ -86,7 +86,7 @@ def test_fused_attention_refuses_an_explicit_gluon_it_cannot_run():
 @pytest.mark.parametrize(
     "bad",
     ["q_rows", "k_dim", "v_shape", "k_dtype", "heads", "out_shape", "empty_keys"]
-    + ["smooth_block", "smooth_shape", "smooth_dtype", "smooth_strides", None],
+    + ["smooth_block", "smooth_shape", "smooth_dtype", "smooth_strides", "smooth_parts_stages", None],
 )
 def test_launch_arguments_are_checked(bad):
     b, h, lq, lk = 1, 2, 100, 130
@@ -120,10 +120,15 @@ def test_launch_arguments_are_checked(bad):
     elif bad == "smooth_strides":
         smooth = (torch.zeros(b, h, 1, 512)[..., ::2], 128)
     kw = dict(lq=lq, lk=lk, group=group, out=out, p_rule=(True, 2, 0), pnq=True, scale=0.1, smooth_q=smooth)
+    if bad == "smooth_parts_stages":  # the parts ring and 3 stages exceed shared memory
+        kw.update(corr_mma=True, stages=3)
     if bad is None:  # the good call builds its launch
         _, call = hopper.gluon_fwd_call((qc, qs), kx, vx, **kw)
         assert call.constants["SMOOTH_Q_BLOCK"] == 128 and call.grid == (1, b * h)
         assert call.constants["CORR_MMA"] == hopper.CORR_MMA and call.args[4] is smooth[0]
+        # 3 stages take the loaded row: the parts ring would not fit in shared memory
+        _, call3 = hopper.gluon_fwd_call((qc, qs), kx, vx, **kw, stages=3)
+        assert not call3.constants["CORR_MMA"] and call3.constants["STAGES"] == 3
         return
     with pytest.raises(ValueError):
         hopper.gluon_fwd_call((qc, qs), kx, vx, **kw)

@@ -666,7 +666,13 @@ def gluon_fwd_call(
                 f"[B, Hq, ceil(Lq / block), LKP] = {[bsz, hq, nbq, lkp]} expected, got block {blk}, corr "
                 f"{tuple(corr.shape)} {corr.dtype}"
             )
-        corr_mma = CORR_MMA if corr_mma is None else corr_mma
+        n_stages = STAGES if stages is None else stages
+        # The parts ring (4 KiB a stage) does not fit beside 3 K^ / V^ stages (242 KB of shared
+        # memory, the H200 has 227 KiB): there the row is loaded (231 KB).
+        if corr_mma is None:
+            corr_mma = CORR_MMA and n_stages <= 2
+        elif corr_mma and n_stages > 2:
+            raise ValueError(f"corr_mma=True takes at most 2 stages (shared memory), got stages={n_stages}")
         if corr_mma:  # the producer reads the rows itself
             c_desc = corr
         else:  # one row of keys per tile, no swizzle: the consumers read it back as a flat [BN] vector

@@ -222,10 +222,8 @@ if HAS_GLUON:
         elif SMOOTH == 1:
             BN: gl.constexpr = zero.shape[1]
             flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-            row = (
-                c_smem.index(slot)
-                ._reinterpret(gl.float32, [BN], flat)
-                .load(gl.SliceLayout(0, zero.type.layout))
+            row = _smem_as(c_smem.index(slot), gl.float32, [BN], flat).load(
+                gl.SliceLayout(0, zero.type.layout)
             )
             acc, _ = gl.broadcast(gl.expand_dims(row, 0), zero)
             s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), acc, use_acc=True, is_async=True)

@@ -47,13 +47,15 @@ class Case:
     seq: int = 1024
     heads: int = 2
     kernel: str = "tl"  # "gluon": the warp-specialized sm_90 forward (`attention_fwd_hopper`)
+    stages: int | None = None  # the Gluon forward's K^ / V^ ring stages (None: its STAGES)
 
     @property
     def label(self) -> str:
         path = f", {self.matrix_path}" if self.matrix_path else ""
         method = f", {self.method}" if self.method != "mxattention" else ""
         gluon = ", gluon" if self.kernel == "gluon" else ""
-        return f"D {self.head_dim}" + (", causal" if self.causal else "") + path + method + gluon
+        stages = f", {self.stages} stages" if self.stages else ""
+        return f"D {self.head_dim}" + (", causal" if self.causal else "") + path + method + gluon + stages
 
 
 @dataclass(frozen=True)
@@ -342,6 +344,7 @@ def summarize_gluon(target: Target, case: Case = Case(kernel="gluon")) -> dict:
         p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=cfg.pnq, scale=d**-0.5, p_elem=cfg.p.elem,
         qk_elem=cfg.q.elem, p_cvt=cfg.p.elem == "e4m3" and hw_e4m3_cast(target),
         smooth_q=(torch.empty(1, h, -(-n // cfg.smooth_q_block), n), cfg.smooth_q_block) if cfg.smooth_q else None,
+        stages=case.stages,
     )  # fmt: skip
     t0 = time.perf_counter()
     kw = dict(call.constants, num_warps=call.num_warps)
@@ -377,9 +380,9 @@ TARGETS_BY_NAME = {t.name: t for t in (*MX_TARGETS, SM_90A)}
 
 
 def parse_spec(spec: str) -> tuple[Target, Case]:
-    """A build named as TARGET[/dHEAD_DIM][/causal][/bf16|/dot_scaled][/METHOD][/gluon], e.g.
-    "sm_120a/d128/causal", "sm_100a/d128/mxattention-pv8" (a preset's name) or "sm_90a/gluon"
-    (the Gluon forward, `summarize_gluon`)."""
+    """A build named as TARGET[/dHEAD_DIM][/causal][/bf16|/dot_scaled][/METHOD][/gluon[/sSTAGES]], e.g.
+    "sm_120a/d128/causal", "sm_100a/d128/mxattention-pv8" (a preset's name), "sm_90a/gluon"
+    (the Gluon forward, `summarize_gluon`) or "sm_90a/mxattention-pv8-smooth/gluon/s3"."""
     from mxattention.attention.config import PRESETS
 
     name, *parts = spec.split("/")
@@ -397,9 +400,11 @@ def parse_spec(spec: str) -> tuple[Target, Case]:
             kw["method"] = part
         elif part == "gluon":
             kw["kernel"] = "gluon"
+        elif re.fullmatch(r"s\d", part):
+            kw["stages"] = int(part[1:])
         else:
             raise ValueError(
-                f"build {spec!r}: {part!r} is not dN, causal, bf16, dot_scaled, gluon or a preset"
+                f"build {spec!r}: {part!r} is not dN, causal, bf16, dot_scaled, gluon, sN or a preset"
             )
     return TARGETS_BY_NAME[name], Case(**kw)
 

@@ -399,13 +399,14 @@ def plan_call(
         )
         return KernelPlan(cfg.name, why, why)
     bn, wide, qe = cfg.block_n, layout == "bf16", cfg.q.elem
+    blk = cfg.smooth_q_block if cfg.smooth_q else 0  # Q smoothing's block of queries, 0 for none
     scale_op, kscale = scale_plan(scale, query.numel(), key.numel())
     # The forward kernel: "gluon" (attention_fwd_hopper) where targets.GLUON_FWD lists the family
     # and the Gluon kernel serves the call, or where asked for (raises if it cannot run), else "tl".
     gluon_reason = fwd_hopper.gluon_fwd_reason(
         kv_bf16=wide, dq=d, dv=dv, block_n=bn, is_causal=is_causal, masked=mask is not None,
-        varlen=varlen is not None, debug_p=debug_p, smooth_q_block=cfg.smooth_q_block if cfg.smooth_q else 0,
-        p_elem=cfg.p.elem, qk_elem=qe, scale=kscale,
+        varlen=varlen is not None, debug_p=debug_p, smooth_q_block=blk, p_elem=cfg.p.elem,
+        qk_elem=qe, scale=kscale,
     )  # fmt: skip
     fwd = fwd_hopper.fwd_kernel_for(target, gluon_reason, fwd_kernel)
     dp, dvp = padded_dim(d), padded_dim(dv)
@@ -422,7 +423,6 @@ def plan_call(
     step = hk
     if wide:
         step = kv_heads_per_chunk(b, hk, lvp if varlen is not None else lkp, dp, dvp, kv_chunk_bytes)
-    blk = cfg.smooth_q_block if cfg.smooth_q else 0
     if blk:  # the correction's fp32 [B, group, ceil(Lq / blk), Lk'] per KV head, bounded too
         step = min(step, smoothing_heads_per_chunk(b, hk, group, -(-lq // blk), lkp, dp, dvp, kv_chunk_bytes))
     step = max(1, min(step, GRID_Y_MAX // group))  # query heads of one KV head and one batch fit

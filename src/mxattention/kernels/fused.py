@@ -9,6 +9,7 @@ Inputs are [B, H, L, D] (the argument checks of `attention.inputs` are the calle
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -21,8 +22,10 @@ from mxattention.kernels.plan import (
     KV_LAYOUTS,
     LOG2E,
     MAX_HEAD_DIM,
+    ChunkPlan,
     KernelPlan,
     chunk_bytes,
+    chunk_streams_for,
     cpu_kernels_requested,
     kv_heads_per_chunk,
     launch_config,
@@ -40,6 +43,7 @@ __all__ = [
     "MAX_HEAD_DIM",
     "FusedOutput",
     "chunk_bytes",
+    "chunk_streams_for",
     "cpu_kernels_requested",
     "fused_attention",
     "kv_heads_per_chunk",
@@ -77,6 +81,7 @@ def fused_attention(
     kv_chunk_bytes: int | str | None = "auto",
     debug_p: bool = False,
     fwd_kernel: str | None = None,
+    chunk_streams: int | None = None,
     plan: KernelPlan | None = None,
 ) -> FusedOutput:
     """`FusedOutput` (O [B, Hq, Lq, Dv] in query's dtype, lse [B, Hq, Lq] fp32, Q(P~) or None) by the
@@ -96,6 +101,8 @@ def fused_attention(
     either layout. Calls with more than plan.GRID_Y_MAX batch x query heads also run in groups of batches.
     `fwd_kernel`: "tl" (`attention_fwd`), "gluon" (`attention_fwd_hopper`, sm_90: dense unmasked
     bf16-layout calls at head dim 128; the same bits) or None (`attention_fwd_hopper.fwd_kernel_for`).
+    `chunk_streams`: 1 (the head chunks in order on the caller's stream), 2 (half-size chunks
+    alternately on it and a side stream: the same bits and peak) or None (`plan.chunk_streams_for`).
     Raises ValueError with the plan's
     `refusal` when the kernels cannot compute the call (the method, the scale, the head dim).
     """
@@ -116,6 +123,7 @@ def fused_attention(
             kv_chunk_bytes=kv_chunk_bytes,
             fwd_kernel=fwd_kernel,
             debug_p=debug_p,
+            chunk_streams=chunk_streams,
         )
     if not plan.runs:
         raise ValueError(plan.refusal)
@@ -138,6 +146,24 @@ def scaled_operands(
     return query, key
 
 
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def chunk_streams(plan: KernelPlan, device: torch.device) -> list[torch.cuda.Stream | None]:
+    """The streams chunk i runs on (index i % n): [None] (the current stream, no switch) for a
+    one-stream plan or off CUDA; else [the caller's current stream, a side stream of the device]
+    (one per device, kept: a stream of torch's pool other than the caller's)."""
+    if plan.chunk_streams == 1 or device.type != "cuda":
+        return [None]
+    caller = torch.cuda.current_stream(device)
+    index = caller.device_index
+    side = _SIDE_STREAMS.get(index)
+    while side is None or side.cuda_stream == caller.cuda_stream:
+        side = torch.cuda.Stream(device)  # torch's pool hands out its streams in turn
+    _SIDE_STREAMS[index] = side
+    return [caller, side]
+
+
 def run_plan(
     plan: KernelPlan,
     query: torch.Tensor,
@@ -149,100 +175,138 @@ def run_plan(
 ) -> FusedOutput:
     """Execute a dense plan (`plan_call` of these inputs) chunk by chunk (see `fused_attention`)."""
     from mxattention.attention.operands import q_block_mean_rows
+
+    assert plan.runs and not plan.varlen
+    query, key = scaled_operands(plan, query, key)
+    b, hq, lq, _ = query.shape
+    dv = value.shape[3]
+    # The interpreter's fp32 -> bf16 cast truncates (Triton 3.9); there torch does the final cast.
+    out_dtype = torch.float32 if plan.interpreted else query.dtype
+    out = torch.empty((b, hq, lq, dv), dtype=out_dtype, device=query.device)
+    lse = torch.empty((b, hq, lq), dtype=torch.float32, device=query.device)
+    dbg = None
+    if plan.debug_p:
+        dbg = torch.zeros((b, hq, lq, plan.lk_pad), dtype=torch.float32, device=query.device)
+    qm_all = None
+    if plan.smooth_q_block:
+        # Q smoothing's block means, the reference's own function (on the whole query, as it takes
+        # them), summed in fp32 without an fp32 copy of the query.
+        qm_all = q_block_mean_rows(query, plan.smooth_q_block).contiguous()
+    # docs/design.md, 'Head chunks on two streams': chunk i allocates and runs on streams[i % n], so
+    # its buffers go back to that stream's pool and chunk i + n reuses them behind its kernel in
+    # stream order. The side stream starts after the caller's work so far (the inputs, the means,
+    # out / lse allocated), and the caller's stream waits for it before anything reads out or lse.
+    streams = chunk_streams(plan, query.device)
+    if len(streams) > 1:
+        streams[1].wait_stream(streams[0])
+    held: list[tuple | None] = [None] * len(streams)
+    for i, chunk in enumerate(plan.chunks):
+        slot = i % len(streams)
+        on = contextlib.nullcontext() if streams[slot] is None else torch.cuda.stream(streams[slot])
+        with on:
+            # Chunk i - n's operands back to this stream's pool before chunk i allocates: at most
+            # n chunks' operands alive at once (`KernelPlan.live_kv_heads`).
+            held[slot] = None
+            held[slot] = _run_chunk(plan, chunk, query, key, value, out, lse, dbg, qm_all, mask, is_causal)
+    if len(streams) > 1:
+        streams[0].wait_stream(streams[1])
+    del held
+    out = cast_output(out, query.dtype)  # the kernel saturates its own stores likewise
+    return FusedOutput(out, lse, dbg)
+
+
+def _run_chunk(
+    plan: KernelPlan,
+    chunk: ChunkPlan,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    dbg: torch.Tensor | None,
+    qm_all: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+) -> tuple:
+    """Pre-pass and kernel of one chunk on the current stream, writing its slices of out, lse and
+    dbg; returns its operands, which the caller keeps referenced while a kernel may read them."""
     from mxattention.kernels.attention_fwd import mx_attention_fwd
     from mxattention.kernels.attention_fwd_hopper import mx_attention_fwd_hopper
     from mxattention.kernels.prepass import prepass_qk, prepass_v
     from mxattention.kernels.smoothing import smoothing_correction
 
-    assert plan.runs and not plan.varlen
-    query, key = scaled_operands(plan, query, key)
-    b, hq, lq, _ = query.shape
-    hk, lk, dv = key.shape[1], key.shape[2], value.shape[3]
+    lq, hk, lk, dv = query.shape[2], key.shape[1], key.shape[2], value.shape[3]
     bm, bn, lkp, qe = plan.block_m, plan.block_n, plan.lk_pad, plan.qk_elem
     wide = plan.kv_layout == "bf16"
-    # The interpreter's fp32 -> bf16 cast truncates (Triton 3.9); there torch does the final cast.
-    out_dtype = torch.float32 if plan.interpreted else query.dtype
-    out = torch.empty((b, hq, lq, dv), dtype=out_dtype, device=query.device)
-    lse = torch.empty((b, hq, lq), dtype=torch.float32, device=query.device)
-    dbg = torch.zeros((b, hq, lq, lkp), dtype=torch.float32, device=query.device) if plan.debug_p else None
-    group = hq // hk
+    group = query.shape[1] // hk
     blk = plan.smooth_q_block
-    if blk:
-        # Q smoothing's block means, the reference's own function (on the whole query, as it takes
-        # them), summed in fp32 without an fp32 copy of the query.
-        qm_all = q_block_mean_rows(query, blk).contiguous()
     q_rule, k_rule, v_rule = plan.rules
-    for chunk in plan.chunks:
-        (b0, b1), (h0, h1) = chunk.batches, chunk.kv_heads
-        bs, kv, qh = slice(b0, b1), slice(h0, h1), slice(h0 * group, h1 * group)
-        smooth, q_mean = None, None
-        if blk:
-            q_mean = (qm_all[bs, qh], blk)
-            smooth = (smoothing_correction(qm_all[bs, qh], key[bs, kv], lkp), blk)
-        qp = prepass_qk(
-            query[bs, qh],
-            q_rule,
-            hadamard=plan.hadamard,
-            len_multiple=max(bm, 128),
-            elem=qe,
-            q_mean=q_mean,
-            pass_plan=chunk.q_pass,
-        )
-        kp = prepass_qk(
-            key[bs, kv],
-            k_rule,
-            hadamard=plan.hadamard,
-            len_multiple=max(bn, 128),
-            out_bf16=wide,
-            elem=qe,
-            pass_plan=chunk.k_pass,
-        )
-        vp = prepass_v(
-            value[bs, kv],
-            v_rule,
-            len_multiple=max(bn, 128),
-            out_bf16=wide,
-            elem=plan.v_elem,
-            pass_plan=chunk.v_pass,
-        )
-        if plan.fwd_kernel == "gluon":
-            lse[bs, qh] = mx_attention_fwd_hopper(
-                qp, kp, vp, lq=lq, lk=lk, group=group, out=out[bs, qh], p_rule=plan.p_rule,
-                pnq=plan.pnq, scale=plan.scale, p_elem=plan.p_elem, qk_elem=qe, p_cvt=plan.p_cvt, smooth_q=smooth,
-            )  # fmt: skip
-        else:
-            dbg_chunk = None if dbg is None else torch.zeros_like(dbg[bs, qh])
-            lse[bs, qh] = mx_attention_fwd(
-                qp,
-                kp,
-                vp,
-                lq=lq,
-                lk=lk,
-                dv=dv,
-                group=group,
-                out=out[bs, qh],
-                p_rule=plan.p_rule,
-                pnq=plan.pnq,
-                block_n=bn,
-                scale=plan.scale,
-                is_causal=is_causal,
-                mask=None if mask is None else mask[bs, qh],
-                matrix_path=plan.matrix_path,
-                block_m=bm,
-                num_warps=plan.num_warps,
-                num_stages=plan.num_stages,
-                compile_options=plan.compile_options,
-                debug_p=dbg_chunk,
-                p_elem=plan.p_elem,
-                v_elem=plan.v_elem,
-                qk_elem=qe,
-                p_cvt=plan.p_cvt,
-                smooth_q=smooth,
-            )
-            if dbg is not None:
-                dbg[bs, qh] = dbg_chunk  # the kernel indexes its buffer as a contiguous [B, heads, Lq, Lk']
-        # Freed before the next chunk's pre-pass allocates (the stream orders the reuse), so the
-        # peak holds one chunk's operands, not two.
-        del qp, kp, vp, smooth, q_mean
-    out = cast_output(out, query.dtype)  # the kernel saturates its own stores likewise
-    return FusedOutput(out, lse, dbg)
+    (b0, b1), (h0, h1) = chunk.batches, chunk.kv_heads
+    bs, kv, qh = slice(b0, b1), slice(h0, h1), slice(h0 * group, h1 * group)
+    smooth, q_mean = None, None
+    if blk:
+        q_mean = (qm_all[bs, qh], blk)
+        smooth = (smoothing_correction(qm_all[bs, qh], key[bs, kv], lkp), blk)
+    qp = prepass_qk(
+        query[bs, qh],
+        q_rule,
+        hadamard=plan.hadamard,
+        len_multiple=max(bm, 128),
+        elem=qe,
+        q_mean=q_mean,
+        pass_plan=chunk.q_pass,
+    )
+    kp = prepass_qk(
+        key[bs, kv],
+        k_rule,
+        hadamard=plan.hadamard,
+        len_multiple=max(bn, 128),
+        out_bf16=wide,
+        elem=qe,
+        pass_plan=chunk.k_pass,
+    )
+    vp = prepass_v(
+        value[bs, kv],
+        v_rule,
+        len_multiple=max(bn, 128),
+        out_bf16=wide,
+        elem=plan.v_elem,
+        pass_plan=chunk.v_pass,
+    )
+    if plan.fwd_kernel == "gluon":
+        lse[bs, qh] = mx_attention_fwd_hopper(
+            qp, kp, vp, lq=lq, lk=lk, group=group, out=out[bs, qh], p_rule=plan.p_rule,
+            pnq=plan.pnq, scale=plan.scale, p_elem=plan.p_elem, qk_elem=qe, p_cvt=plan.p_cvt, smooth_q=smooth,
+        )  # fmt: skip
+        return qp, kp, vp, smooth
+    dbg_chunk = None if dbg is None else torch.zeros_like(dbg[bs, qh])
+    lse[bs, qh] = mx_attention_fwd(
+        qp,
+        kp,
+        vp,
+        lq=lq,
+        lk=lk,
+        dv=dv,
+        group=group,
+        out=out[bs, qh],
+        p_rule=plan.p_rule,
+        pnq=plan.pnq,
+        block_n=bn,
+        scale=plan.scale,
+        is_causal=is_causal,
+        mask=None if mask is None else mask[bs, qh],
+        matrix_path=plan.matrix_path,
+        block_m=bm,
+        num_warps=plan.num_warps,
+        num_stages=plan.num_stages,
+        compile_options=plan.compile_options,
+        debug_p=dbg_chunk,
+        p_elem=plan.p_elem,
+        v_elem=plan.v_elem,
+        qk_elem=qe,
+        p_cvt=plan.p_cvt,
+        smooth_q=smooth,
+    )
+    if dbg is not None:
+        dbg[bs, qh] = dbg_chunk  # the kernel indexes its buffer as a contiguous [B, heads, Lq, Lk']
+    return qp, kp, vp, smooth

@@ -5,7 +5,7 @@ decided; docs/design.md, 'Kernel plan'), `KernelPlan`, `PassPlan` (one pre-pass 
 Gluon kernel, layout, tiles), `ChunkPlan` (a group of batches x KV heads run before the next group's
 operands exist), and the predicates and rules the plan is made of: `unsupported_reason`,
 `scale_reason`, `varlen_reason`, `launch_config`, `kv_heads_per_chunk`, `smoothing_heads_per_chunk`,
-`chunk_bytes`, `default_matrix_path`, `cpu_kernels_requested`; it asks `prepass.qk_pass` /
+`chunk_bytes`, `chunk_streams_for`, `default_matrix_path`, `cpu_kernels_requested`; it asks `prepass.qk_pass` /
 `prepass.v_pass` (each pass's kernel and tiles) and `attention_fwd_hopper.fwd_kernel_for`.
 
 `fused.fused_attention` and `fused_varlen.fused_varlen_attention` execute a plan; the custom ops
@@ -32,6 +32,7 @@ from mxattention.kernels.rules import KERNEL_ELEMS, rule_constants
 from mxattention.kernels.targets import (
     MATRIX_PATHS,
     Target,
+    chunk_streams_listed,
     current_target,
     fwd_tiles,
     hw_e4m3_cast,
@@ -238,6 +239,20 @@ def smoothing_heads_per_chunk(
     return -(-hk // -(-hk // most))
 
 
+def chunk_streams_for(
+    requested: int | None, target: Target | None, on_cuda: bool, chunks: int, kv_heads: int
+) -> int:
+    """The CUDA streams a dense call's head chunks run on (docs/design.md, 'Head chunks on two
+    streams'): 2 where asked (`requested`), or by default where `targets.CHUNK_STREAMS` lists the
+    family of a CUDA call the interpreter does not run, and the one-stream plan has at least 2
+    chunks (`chunks`) of at least 2 KV heads (`kv_heads`, halved then); else 1."""
+    if requested not in (None, 1, 2) or isinstance(requested, bool):
+        raise ValueError(f"chunk_streams must be 1, 2 or None, got {requested!r}")
+    if requested is None:
+        requested = 2 if chunk_streams_listed(target) and on_cuda and not kernels_interpreted() else 1
+    return 2 if requested == 2 and chunks >= 2 and kv_heads >= 2 else 1
+
+
 @dataclass(frozen=True)
 class ChunkPlan:
     """Batches [b0, b1) x KV heads [h0, h1) (and their query heads): pre-pass and kernel run for one
@@ -289,6 +304,9 @@ class KernelPlan:
     kv_heads_per_chunk: int = 0
     batches_per_chunk: int = 0
     chunks: tuple[ChunkPlan, ...] = ()
+    # 1: the chunks in order on the caller's stream; 2: chunk i on the caller's stream (i even) or a
+    # side stream (i odd), two chunks' operands alive at once (`chunk_streams_for`).
+    chunk_streams: int = 1
     varlen: str = ""  # "" dense, "kernel" (one launch per 65535 sequences), "per_sequence" (dense calls)
     debug_p: bool = False
     interpreted: bool = False  # Triton's CPU interpreter: fp32 output buffer, torch's final cast
@@ -297,6 +315,16 @@ class KernelPlan:
     def runs(self) -> bool:
         """Whether the plan is complete (the kernels compute the call wherever they run)."""
         return self.refusal is None
+
+    @property
+    def live_kv_heads(self) -> int:
+        """The most (batch, KV head) pairs whose chunk operands (Q^, K^, V^, Q smoothing's
+        correction: each proportional to them) are alive at once: one chunk's on one stream, two
+        consecutive chunks' on two (a chunk's buffers go back to its stream's pool when the chunk
+        two later allocates, behind its kernel in stream order)."""
+        sizes = [(c.batches[1] - c.batches[0]) * (c.kv_heads[1] - c.kv_heads[0]) for c in self.chunks]
+        n = self.chunk_streams
+        return max((sum(sizes[i : i + n]) for i in range(len(sizes))), default=0)
 
     def describe(self) -> str:
         """The plan in a few lines, for `mxattention bench --plan` and test failures."""
@@ -335,9 +363,10 @@ class KernelPlan:
             lines.append(f"  varlen: {self.varlen.replace('_', ' ')}")
         c0 = self.chunks[0] if self.chunks else None
         if c0 is not None:
+            on = "in order" if self.chunk_streams == 1 else f"alternately on {self.chunk_streams} streams"
             lines.append(
                 f"  chunks: {len(self.chunks)} of <= {self.batches_per_chunk} batches x "
-                f"{self.kv_heads_per_chunk} KV heads"
+                f"{self.kv_heads_per_chunk} KV heads, {on} ({self.live_kv_heads} batch x KV heads alive)"
             )
             passes = dict.fromkeys((c.q_pass, c.k_pass, c.v_pass) for c in self.chunks)
             for q, k, v in passes:
@@ -367,6 +396,7 @@ def plan_call(
     kv_chunk_bytes: int | str | None = "auto",
     fwd_kernel: str | None = None,
     debug_p: bool = False,
+    chunk_streams: int | None = None,
 ) -> KernelPlan:
     """The plan of one call of `cfg` on checked inputs (see `fused.fused_attention` for the options).
 
@@ -374,7 +404,9 @@ def plan_call(
     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) with flash-attn's packed layout
     (query [total_q, Hq, D], ...); `varlen_kernel`: the one-launch varlen kernel runs it (else one
     dense call per sequence: `fused_varlen.varlen_kernel_enabled`, which the varlen op asks). `mask` / `is_causal` (and `debug_p`, varlen) decide whether the
-    Gluon forward serves the call. Raises ValueError only for a bad kernel option.
+    Gluon forward serves the call. `chunk_streams` (dense calls; None: `chunk_streams_for`'s
+    default): 2 halves the head chunks and runs them on two streams. Raises ValueError only for a
+    bad kernel option.
     """
     d, dv = key.shape[-1], value.shape[-1]
     device_reason = _device_reason(query)
@@ -427,6 +459,14 @@ def plan_call(
         step = min(step, smoothing_heads_per_chunk(b, hk, group, -(-lq // blk), lkp, dp, dvp, kv_chunk_bytes))
     step = max(1, min(step, GRID_Y_MAX // group))  # query heads of one KV head and one batch fit
     bstep = max(1, GRID_Y_MAX // (step * group))
+    streams = 1
+    if varlen is None:
+        one_stream_chunks = -(-b // bstep) * -(-hk // step)
+        streams = chunk_streams_for(chunk_streams, target, query.is_cuda, one_stream_chunks, step)
+    if streams == 2:
+        # Half the one-stream chunk, balanced: two alive at once hold at most what one did
+        # (bstep stays the one-stream chunk's, so a chunk never grows along the batches).
+        step = -(-hk // -(-hk // (step // 2)))
     # The pass plans of a chunk's views are those of the whole tensors (the kernel choice reads
     # strides, dtype and 16-byte alignment, which a view at a whole head or batch keeps; the
     # tiles the padded length), except V^'s warps, which follow the chunk's grid.
@@ -476,6 +516,7 @@ def plan_call(
         kv_heads_per_chunk=step,
         batches_per_chunk=bstep,
         chunks=tuple(chunks),
+        chunk_streams=streams,
         varlen="" if varlen is None else ("kernel" if varlen_kernel else "per_sequence"),
         debug_p=debug_p,
         interpreted=kernels_interpreted(),

@@ -172,6 +172,15 @@ HW_E4M3_CAST: frozenset[str] = frozenset({"sm_90"})
 GLUON_FWD: frozenset[str] = frozenset({"sm_90"})
 
 
+# Families whose head-chunked calls run their chunks alternately on the caller's stream and a side
+# stream, at half the one-stream chunk size (two chunks' operands alive at once: the same peak), so
+# chunk i + 1's pre-pass and kernel fill the SMs that chunk i's last wave leaves idle
+# (docs/design.md, 'Head chunks on two streams'; `plan.plan_call` reads this). Empty until measured
+# on the H200 (sm_90: one CTA of the Gluon forward per SM, 128 per head at 16k: a 20-head chunk is
+# 19.4 waves of 132 SMs); `fused_attention(..., chunk_streams=2)` asks for it anywhere on CUDA.
+CHUNK_STREAMS: frozenset[str] = frozenset()
+
+
 # Families where the attention kernel is wrong when V's padded head dim is 32 under a wider Q / K:
 # H200, Triton 3.6 (2026-12-01), fused_attention against the CPU reference, dense and varlen calls
 # alike: the bf16 K^/V^ layout at D 64 and 128 with Dv 32 (rel-L2 0.5-1.4; at D 128 an illegal
@@ -188,6 +197,11 @@ def narrow_v(target: Target | None, dp: int, dvp: int) -> str:
     if target is None or target.family not in NARROW_V_BROKEN or dvp > 32 or dp <= 32:
         return ""
     return "packed" if dp <= 64 else "reference"
+
+
+def chunk_streams_listed(target: Target | None) -> bool:
+    """Whether `target`'s family runs head chunks on two streams by default (`CHUNK_STREAMS`)."""
+    return target is not None and target.family in CHUNK_STREAMS
 
 
 def hw_e4m3_cast(target: Target | None) -> bool:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from mxattention.attention.config import get_method
+from mxattention.kernels import attention_fwd_hopper as hopper
 from mxattention.kernels import fused, plan, targets
 from mxattention.kernels._triton import kernels_interpreted
 from mxattention.kernels.prepass import padded_dim
@@ -88,31 +89,72 @@ def test_benchmark_shapes_plan():
             assert p.chunk_streams == (2 if want[0] > one[0] else 1)
 
 
-def test_default_is_two_streams_only_on_listed_cuda_targets(monkeypatch):
+def test_recoverable_waves():
+    """16k: 2 launches of 2560 CTAs on 132 SMs take 2 x 20 slots for 38.8 waves (39); HunyuanVideo
+    2 x 3072: 48 for 47; Wan 75k 4 x 5910: 180 for 180; one launch: nothing."""
+    assert plan.recoverable_waves([2560, 2560], 132) == pytest.approx(1 / 40)
+    assert plan.recoverable_waves([3072, 3072], 132) == pytest.approx(1 / 48)
+    assert plan.recoverable_waves([5910] * 4, 132) == 0.0
+    assert plan.recoverable_waves([5120], 132) == 0.0
+    assert plan.recoverable_waves([132, 132], 132) == 0.0 and plan.recoverable_waves([], 132) == 0.0
+
+
+def test_default_is_two_streams_only_where_waves_are_recovered(monkeypatch):
     """None: 2 streams for CUDA calls on a `targets.CHUNK_STREAMS` family that the interpreter does
-    not run; CPU tensors, other families and the interpreter keep one; bad values raise."""
-    assert isinstance(targets.CHUNK_STREAMS, frozenset)
-    monkeypatch.setattr(targets, "CHUNK_STREAMS", frozenset({"sm_90"}))
+    not run, where the one-stream launches leave at least its share of wave slots to recover; CPU
+    tensors, other families and the interpreter keep one; bad values raise."""
+    least = targets.CHUNK_STREAMS["sm_90"]
+    assert 0 < least < 1 / 48  # HunyuanVideo's 1 of 48 slots is taken, Wan 75k's 0 is not
     f = plan.chunk_streams_for
-    assert f(None, targets.SM_90A, True, 2, 20) == (1 if kernels_interpreted() else 2)
-    assert f(None, targets.SM_90A, False, 2, 20) == 1
-    assert f(None, targets.SM_100A, True, 2, 20) == 1
-    assert f(None, None, True, 2, 20) == 1
+    assert f(None, targets.SM_90A, True, 2, 20, 1 / 40) == (1 if kernels_interpreted() else 2)
+    assert f(None, targets.SM_90A, True, 2, 20, 0.0) == 1
+    assert f(None, targets.SM_90A, False, 2, 20, 1 / 40) == 1
+    assert f(None, targets.SM_100A, True, 2, 20, 1 / 40) == 1
+    assert f(None, None, True, 2, 20, 1 / 40) == 1
     assert f(2, None, False, 2, 20) == 2  # asked: the chunks halve (run in order off CUDA)
     assert f(2, targets.SM_90A, True, 1, 40) == 1  # one chunk: no boundary to fill
     assert f(2, targets.SM_90A, True, 40, 1) == 1  # one head a chunk: nothing to halve
-    assert f(1, targets.SM_90A, True, 2, 20) == 1
+    assert f(1, targets.SM_90A, True, 2, 20, 1 / 40) == 1
     monkeypatch.setattr(plan, "kernels_interpreted", lambda: True)
-    assert f(None, targets.SM_90A, True, 2, 20) == 1
-    monkeypatch.setattr(targets, "CHUNK_STREAMS", frozenset())
+    assert f(None, targets.SM_90A, True, 2, 20, 1 / 40) == 1
     monkeypatch.setattr(plan, "kernels_interpreted", lambda: False)
-    assert f(None, targets.SM_90A, True, 2, 20) == 1
+    assert f(None, targets.SM_90A, True, 2, 20, 1 / 40) == 2
+    monkeypatch.setattr(targets, "CHUNK_STREAMS", {})
+    assert f(None, targets.SM_90A, True, 2, 20, 1 / 40) == 1
     for bad in (0, 3, True, "2"):
         with pytest.raises(ValueError, match="chunk_streams"):
             f(bad, targets.SM_90A, True, 2, 20)
     q, k, v = _meta(1, 40, 40, 16384, 16384, 128)
     p = plan.plan_call(get_method("mxattention"), q, k, v, scale=0.1, matrix_path="bf16", kv_layout="bf16")
     assert p.chunk_streams == 1 and len(p.chunks) == 2  # meta tensors are not CUDA
+
+
+@pytest.mark.skipif(not hopper.HAS_GLUON, reason="this Triton has no Gluon")
+def test_default_on_an_h200(monkeypatch):
+    """Planned as on an H200 (132 SMs, sm_90, the Gluon forward): 16k and HunyuanVideo take two
+    streams, Wan 75k (nothing to recover, 1.1 % slower measured) and the one-chunk cross-attention
+    one, for both presets."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda d: SimpleNamespace(multi_processor_count=132)
+    )
+    monkeypatch.setattr(plan, "current_target", lambda device: targets.SM_90A)
+    monkeypatch.setattr(plan, "kernels_interpreted", lambda: False)
+    for shape, want in [
+        ((1, 40, 40, 16384, 16384, 128), {"mxattention": (4, 2), "mxattention-pv8-smooth": (4, 2)}),
+        ((1, 24, 24, 32760, 32760, 128), {"mxattention": (4, 2), "mxattention-pv8-smooth": (6, 2)}),
+        ((1, 40, 40, 75600, 75600, 128), {"mxattention": (4, 1), "mxattention-pv8-smooth": (20, 1)}),
+        ((1, 40, 40, 75600, 512, 128), {"mxattention": (1, 1), "mxattention-pv8-smooth": (1, 1)}),
+    ]:
+        q, k, v = _meta(*shape)
+        for method, (chunks, streams) in want.items():
+            p = plan.plan_call(get_method(method), q, k, v, scale=0.1)
+            assert p.fwd_kernel == "gluon" and (len(p.chunks), p.chunk_streams) == (chunks, streams), (
+                shape,
+                method,
+            )
 
 
 def test_describe_prints_the_streams():
@@ -201,6 +243,22 @@ def test_two_streams_bit_identical(method, b, hq, hk, l, pairs, chunks):
     two = fused.run_plan(p, qs, ks, vs)
     got = (two.out.clone(), two.lse.clone())  # on the caller's stream, right away
     assert _same(got, one[:2]), p.describe()
+
+
+@gpu_only
+def test_two_streams_join_before_return():
+    """The caller's stream waits for the side stream: one KV head on the caller's stream, 15 on the
+    side (15x the work there), O / lse read on the caller's stream right after the call."""
+    cfg = get_method("mxattention")
+    q, k, v = _gpu_qkv(1, 16, 16, 4096, 128, seed=21)
+    one = fused.fused_attention(q, k, v, cfg, scale=128**-0.5, chunk_streams=1)
+    p = plan.plan_call(cfg, q, k, v, scale=128**-0.5, chunk_streams=1, kv_chunk_bytes=2 * 4096 * 256)
+    c0, c1 = p.chunks[0], p.chunks[1]
+    p = dataclasses.replace(p, chunks=(c0, dataclasses.replace(c1, kv_heads=(1, 16))), chunk_streams=2)
+    for _ in range(3):
+        two = fused.run_plan(p, q, k, v)
+        got = (two.out.clone(), two.lse.clone())
+        assert _same(got, one[:2])
 
 
 @gpu_only

@@ -5,7 +5,7 @@ decided; docs/design.md, 'Kernel plan'), `KernelPlan`, `PassPlan` (one pre-pass 
 Gluon kernel, layout, tiles), `ChunkPlan` (a group of batches x KV heads run before the next group's
 operands exist), and the predicates and rules the plan is made of: `unsupported_reason`,
 `scale_reason`, `varlen_reason`, `launch_config`, `kv_heads_per_chunk`, `smoothing_heads_per_chunk`,
-`chunk_bytes`, `chunk_streams_for`, `default_matrix_path`, `cpu_kernels_requested`; it asks `prepass.qk_pass` /
+`chunk_bytes`, `chunk_streams_for`, `recoverable_waves`, `default_matrix_path`, `cpu_kernels_requested`; it asks `prepass.qk_pass` /
 `prepass.v_pass` (each pass's kernel and tiles) and `attention_fwd_hopper.fwd_kernel_for`.
 
 `fused.fused_attention` and `fused_varlen.fused_varlen_attention` execute a plan; the custom ops
@@ -32,7 +32,7 @@ from mxattention.kernels.rules import KERNEL_ELEMS, rule_constants
 from mxattention.kernels.targets import (
     MATRIX_PATHS,
     Target,
-    chunk_streams_listed,
+    chunk_streams_min_gain,
     current_target,
     fwd_tiles,
     hw_e4m3_cast,
@@ -239,17 +239,33 @@ def smoothing_heads_per_chunk(
     return -(-hk // -(-hk // most))
 
 
+def recoverable_waves(ctas: list[int], sms: int) -> float:
+    """The share of one-stream launches' wave slots (sum of ceil(n / sms) over launches of n CTAs,
+    one CTA per SM) that filling each launch's last wave with the next one's CTAs recovers, down to
+    ceil(sum n / sms): (40, 16384) in 2 chunks of 20 heads x 128 CTAs on 132 SMs: 1 of 40."""
+    slots = sum(-(-n // sms) for n in ctas)
+    return (slots - -(-sum(ctas) // sms)) / slots if slots else 0.0
+
+
 def chunk_streams_for(
-    requested: int | None, target: Target | None, on_cuda: bool, chunks: int, kv_heads: int
+    requested: int | None,
+    target: Target | None,
+    on_cuda: bool,
+    chunks: int,
+    kv_heads: int,
+    wave_gain: float = 0.0,
 ) -> int:
     """The CUDA streams a dense call's head chunks run on (docs/design.md, 'Head chunks on two
-    streams'): 2 where asked (`requested`), or by default where `targets.CHUNK_STREAMS` lists the
-    family of a CUDA call the interpreter does not run, and the one-stream plan has at least 2
-    chunks (`chunks`) of at least 2 KV heads (`kv_heads`, halved then); else 1."""
+    streams'): 2 where asked (`requested`), or by default for a CUDA call the interpreter does not
+    run where the one-stream plan's launches would recover at least `targets.CHUNK_STREAMS`'s share
+    of their wave slots (`wave_gain`, `recoverable_waves`); only if the one-stream plan has at
+    least 2 chunks (`chunks`) of at least 2 KV heads (`kv_heads`, halved then); else 1."""
     if requested not in (None, 1, 2) or isinstance(requested, bool):
         raise ValueError(f"chunk_streams must be 1, 2 or None, got {requested!r}")
     if requested is None:
-        requested = 2 if chunk_streams_listed(target) and on_cuda and not kernels_interpreted() else 1
+        least = chunk_streams_min_gain(target)
+        listed = least is not None and on_cuda and not kernels_interpreted()
+        requested = 2 if listed and wave_gain >= least else 1
     return 2 if requested == 2 and chunks >= 2 and kv_heads >= 2 else 1
 
 
@@ -461,8 +477,16 @@ def plan_call(
     bstep = max(1, GRID_Y_MAX // (step * group))
     streams = 1
     if varlen is None:
-        one_stream_chunks = -(-b // bstep) * -(-hk // step)
-        streams = chunk_streams_for(chunk_streams, target, query.is_cuda, one_stream_chunks, step)
+        pairs = [
+            (min(b, b0 + bstep) - b0) * (min(hk, h0 + step) - h0)
+            for b0 in range(0, b, bstep)
+            for h0 in range(0, hk, step)
+        ]
+        gain = 0.0
+        if chunk_streams is None and fwd == "gluon" and query.is_cuda:  # one CTA per SM
+            sms = torch.cuda.get_device_properties(query.device).multi_processor_count
+            gain = recoverable_waves([n * group * (lqp // fwd_hopper.BLOCK_M) for n in pairs], sms)
+        streams = chunk_streams_for(chunk_streams, target, query.is_cuda, len(pairs), step, gain)
     if streams == 2:
         # Half the one-stream chunk, balanced: two alive at once hold at most what one did
         # (bstep stays the one-stream chunk's, so a chunk never grows along the batches).

@@ -172,13 +172,16 @@ HW_E4M3_CAST: frozenset[str] = frozenset({"sm_90"})
 GLUON_FWD: frozenset[str] = frozenset({"sm_90"})
 
 
-# Families whose head-chunked calls run their chunks alternately on the caller's stream and a side
-# stream, at half the one-stream chunk size (two chunks' operands alive at once: the same peak), so
-# chunk i + 1's pre-pass and kernel fill the SMs that chunk i's last wave leaves idle
-# (docs/design.md, 'Head chunks on two streams'; `plan.plan_call` reads this). Empty until measured
-# on the H200 (sm_90: one CTA of the Gluon forward per SM, 128 per head at 16k: a 20-head chunk is
-# 19.4 waves of 132 SMs); `fused_attention(..., chunk_streams=2)` asks for it anywhere on CUDA.
-CHUNK_STREAMS: frozenset[str] = frozenset()
+# Family -> the least share of the one-stream launches' wave slots that two streams must recover
+# for a call's head chunks to run on them by default: half-size chunks alternately on the caller's
+# stream and a side stream (two alive at once: the same peak), so chunk i + 1's pre-pass and kernel
+# fill the SMs that chunk i's last wave leaves idle (docs/design.md, 'Head chunks on two streams';
+# `plan.plan_call` reads it for the Gluon forward, one CTA per SM). sm_90, H200 (Triton 3.6,
+# 2026-12-01, one process, alternating rounds): (40, 16k) 2 x 20 heads = 40 wave slots for 38.8
+# waves of work (2.5 % to recover): medians 10.455 / 10.289 / 10.528 -> 10.231 / 10.231 / 10.408 ms;
+# HunyuanVideo (2.1 %) 24.37 -> 23.82 ms; Wan 75k (4 x 10 heads = 180 slots for 179.1: 0 %) 8 x 5
+# on two streams 1.1 % slower, so it keeps one.
+CHUNK_STREAMS: dict[str, float] = {"sm_90": 0.015}
 
 
 # Families where the attention kernel is wrong when V's padded head dim is 32 under a wider Q / K:
@@ -199,9 +202,9 @@ def narrow_v(target: Target | None, dp: int, dvp: int) -> str:
     return "packed" if dp <= 64 else "reference"
 
 
-def chunk_streams_listed(target: Target | None) -> bool:
-    """Whether `target`'s family runs head chunks on two streams by default (`CHUNK_STREAMS`)."""
-    return target is not None and target.family in CHUNK_STREAMS
+def chunk_streams_min_gain(target: Target | None) -> float | None:
+    """`CHUNK_STREAMS`'s share for `target`'s family, None where its chunks keep one stream."""
+    return None if target is None else CHUNK_STREAMS.get(target.family)
 
 
 def hw_e4m3_cast(target: Target | None) -> bool:

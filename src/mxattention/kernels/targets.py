@@ -177,10 +177,10 @@ GLUON_FWD: frozenset[str] = frozenset({"sm_90"})
 # stream and a side stream (two alive at once: the same peak), so chunk i + 1's pre-pass and kernel
 # fill the SMs that chunk i's last wave leaves idle (docs/design.md, 'Head chunks on two streams';
 # `plan.plan_call` reads it for the Gluon forward, one CTA per SM). sm_90, H200 (Triton 3.6,
-# 2026-12-01, one process, alternating rounds): (40, 16k) 2 x 20 heads = 40 wave slots for 38.8
-# waves of work (2.5 % to recover): medians 10.455 / 10.289 / 10.528 -> 10.231 / 10.231 / 10.408 ms;
-# HunyuanVideo (2.1 %) 24.37 -> 23.82 ms; Wan 75k (4 x 10 heads = 180 slots for 179.1: 0 %) 8 x 5
-# on two streams 1.1 % slower, so it keeps one.
+# 2026-12-01, one process, alternating rounds; benchmarks/NOTES.md, v14-streams): (40, 16k) 2 x 20
+# heads = 40 wave slots for 38.8 waves of work (2.5 % to recover): best of 6 rounds 10.28 -> 10.08 ms
+# (-2.0 %); HunyuanVideo (2.1 %) 24.33 -> 23.82 ms (-2.1 %); Wan 75k (4 x 10 heads = 180 slots for
+# 179.1: 0 %) 8 x 5 on two streams 1.1 % slower, so it keeps one.
 CHUNK_STREAMS: dict[str, float] = {"sm_90": 0.015}
 
 

@@ -11,7 +11,7 @@ import torch
 from mxattention.attention.config import get_method
 from mxattention.attention.operands import q_block_mean_rows
 from mxattention.kernels.fused import smoothing_heads_per_chunk
-from mxattention.kernels.smoothing import smoothing_correction
+from mxattention.kernels.smoothing import CorrTiles, corr_tiles, smoothing_correction
 
 from .helpers import compare, qkv
 from .test_attention_kernel import _check
@@ -71,6 +71,31 @@ def test_correction_is_an_fp32_dot(dtype, device):
     assert ((corr[..., :lk].double() - exact).abs() <= bound).all()
     assert ((qm @ kr).double() - exact).abs().le(bound).all()  # the reference's fp32 dot
     assert (corr[..., lk:] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_correction_bits_do_not_depend_on_the_launch(dtype, device):
+    """Random qm and keys (sums that round), 2 batches x 4 query heads on 2 KV heads, 70 query
+    blocks (ragged tiles), 200 keys: every batch / head chunk (`fused` splits by memory) and any key
+    tiles per program, warps and stages give the whole default call's bits; on CUDA any tile shape
+    too (each value the same k16 MMA steps; the interpreter's numpy dot sums in an order that
+    depends on the matrix shape, so there the default tile shape, a function of nb and lkp only)."""
+    g = torch.Generator().manual_seed(4)
+    d, nb, lk, lkp = 128, 70, 200, 256
+    qm = ((torch.randn(2, 4, nb, d, generator=g) + 2.0) * torch.exp(torch.randn(d, generator=g))).to(device)
+    k = (torch.randn(2, 2, lk, d, generator=g) * torch.exp(torch.randn(d, generator=g))).to(dtype).to(device)
+    whole = smoothing_correction(qm, k, lkp)
+    for bs, kv in ((slice(0, 1), slice(0, 2)), (slice(1, 2), slice(1, 2)), (slice(0, 2), slice(0, 1))):
+        qh = slice(kv.start * 2, kv.stop * 2)
+        assert torch.equal(smoothing_correction(qm[bs, qh], k[bs, kv], lkp), whole[bs, qh]), (bs, kv)
+    t = corr_tiles(nb, lkp, 1 if dtype == torch.bfloat16 else 2)
+    shapes = [(t.blocks, t.keys)]
+    if device == "cuda":
+        shapes += [(64, 64), (128, 64)] + ([(64, 128), (128, 128)] if dtype == torch.bfloat16 else [])
+    for blocks, keys in shapes:
+        for kt, warps, stages in ((1, 4, 3), (3, 8, 2), (4, 4, 2)):
+            tiles = CorrTiles(blocks, keys, kt, warps, stages)
+            assert torch.equal(smoothing_correction(qm, k, lkp, tiles=tiles), whole), tiles
 
 
 def test_block_means_take_any_float_dtype():

@@ -1,7 +1,8 @@
 """Q smoothing's correction for the attention kernel: qm K^T per query block and key, on tensor cores.
 
-Exposes `smoothing_correction` and `correction_parts` (how many bf16 parts an fp32 value and a
-key element take). docs/design.md, 'Precision ladder and smoothing'.
+Exposes `smoothing_correction`, `correction_parts` (how many bf16 parts an fp32 value and a
+key element take), `CorrTiles` / `corr_tiles` (a launch's tiles). docs/design.md, 'Precision
+ladder and smoothing'.
 
 Every product is exact: qm (fp32, 24 significant bits) is split into three bf16 parts h1 + h2 + h3
 = qm exactly (each part the bf16 of what the earlier ones left, whatever the cast's rounding; the
@@ -13,6 +14,8 @@ rounding of fp32 additions, as the kernel's Q^ K^ scores do.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -39,25 +42,13 @@ def _split3(x, DOT_T: tl.constexpr):
 
 
 @triton.jit
-def _corr_kernel(
-    QM, K, Corr, NB, Lk, D, H, GROUP, LKP, stride_kb, stride_kh, stride_kl, stride_kd,
-    BNB: tl.constexpr, BK: tl.constexpr, DP: tl.constexpr, KPARTS: tl.constexpr, DOT_T: tl.constexpr,
-):  # fmt: skip
-    """Corr[bh, i, j] = qm_i . k_j for the query blocks i of program_id(1)'s rows and keys j of
-    program_id(0)'s; keys in [Lk, LKP) get 0. The same bits whatever else the launch holds."""
-    bh = tl.program_id(2)
-    blocks = tl.program_id(1) * BNB + tl.arange(0, BNB)
-    keys = tl.program_id(0) * BK + tl.arange(0, BK)
-    cols = tl.arange(0, DP)
-    qm = tl.load(
-        QM + (bh.to(tl.int64) * NB + blocks[:, None]) * D + cols[None, :],
-        mask=(blocks[:, None] < NB) & (cols[None, :] < D),
-        other=0.0,
-    )
-    q1, q2, q3 = _split3(qm, DOT_T)
-    kb = (bh // H).to(tl.int64) * stride_kb + ((bh % H) // GROUP).to(tl.int64) * stride_kh
+def _corr_tile(
+    q1, q2, q3, K, keys, cols, Lk, D, stride_kl, stride_kd, KPARTS: tl.constexpr, DOT_T: tl.constexpr
+):
+    """qm . k_j (fp32 [BNB, BK]) for the keys j of one tile (K at the head's keys), every product
+    exact, summed in this fixed order of dots."""
     k = tl.load(
-        K + kb + keys[:, None].to(tl.int64) * stride_kl + cols[None, :] * stride_kd,
+        K + keys[:, None].to(tl.int64) * stride_kl + cols[None, :] * stride_kd,
         mask=(keys[:, None] < Lk) & (cols[None, :] < D),
         other=0.0,
     )
@@ -80,29 +71,84 @@ def _corr_kernel(
         acc = tl.dot(q1, k2, acc)
         acc = tl.dot(q2, k1, acc)
         acc = tl.dot(q1, k1, acc)
-    ptrs = Corr + (bh.to(tl.int64) * NB + blocks[:, None]) * LKP + keys[None, :]
-    tl.store(ptrs, acc, mask=(blocks[:, None] < NB) & (keys[None, :] < LKP))
+    return acc
 
 
-def smoothing_correction(qm: torch.Tensor, k: torch.Tensor, lkp: int) -> torch.Tensor:
+@triton.jit
+def _corr_kernel(
+    QM, K, Corr, NB, Lk, D, H, GROUP, LKP, stride_kb, stride_kh, stride_kl, stride_kd,
+    BNB: tl.constexpr, BK: tl.constexpr, KT: tl.constexpr, DP: tl.constexpr, KPARTS: tl.constexpr,
+    DOT_T: tl.constexpr,
+):  # fmt: skip
+    """Corr[bh, i, j] = qm_i . k_j for the query blocks i of program_id(1)'s BNB rows and the keys j
+    of program_id(0)'s KT tiles of BK; keys in [Lk, LKP) get 0. qm's parts are split once per
+    program, each tile's value is `_corr_tile`'s: the same bits whatever the launch's shape."""
+    bh = tl.program_id(2)
+    blocks = tl.program_id(1) * BNB + tl.arange(0, BNB)
+    cols = tl.arange(0, DP)
+    qm = tl.load(
+        QM + (bh.to(tl.int64) * NB + blocks[:, None]) * D + cols[None, :],
+        mask=(blocks[:, None] < NB) & (cols[None, :] < D),
+        other=0.0,
+    )
+    q1, q2, q3 = _split3(qm, DOT_T)
+    kh = K + (bh // H).to(tl.int64) * stride_kb + ((bh % H) // GROUP).to(tl.int64) * stride_kh
+    out = Corr + (bh.to(tl.int64) * NB + blocks[:, None]) * LKP
+    ok = blocks[:, None] < NB
+    if KT == 1:
+        keys = tl.program_id(0) * BK + tl.arange(0, BK)
+        acc = _corr_tile(q1, q2, q3, kh, keys, cols, Lk, D, stride_kl, stride_kd, KPARTS, DOT_T)
+        tl.store(out + keys[None, :], acc, mask=ok & (keys[None, :] < LKP))
+    else:  # qm's parts stay in shared memory while the key tiles stream through the pipeline
+        first = tl.program_id(0) * KT
+        for t in range(first, tl.minimum(first + KT, tl.cdiv(LKP, BK))):
+            keys = t * BK + tl.arange(0, BK)
+            acc = _corr_tile(q1, q2, q3, kh, keys, cols, Lk, D, stride_kl, stride_kd, KPARTS, DOT_T)
+            tl.store(out + keys[None, :], acc, mask=ok & (keys[None, :] < LKP))
+
+
+@dataclass(frozen=True)
+class CorrTiles:
+    """One correction launch's tiles: `blocks` query blocks per tile (an MMA's rows, 16 to 128),
+    `keys` per tile, `key_tiles` tiles per program (qm split once for them), `warps`, `stages`."""
+
+    blocks: int
+    keys: int
+    key_tiles: int
+    warps: int
+    stages: int
+
+
+def corr_tiles(nb: int, lkp: int, kparts: int) -> CorrTiles:
+    """The tiles of a correction with nb query blocks, lkp keys, keys in `kparts` bf16 parts: 16 to
+    64 blocks (an MMA's rows) x 64 keys, 8 key tiles per program (16 from 256 blocks up), 4 warps,
+    3 stages. H200 sweep (benchmarks/results/smooth_gluon_h200.md, v14): per 16k chunk 0.098 ms
+    against 0.127 for one tile of 128 keys per program (a fresh qm split per tile), 75k 0.203 / 0.267."""
+    blocks = min(64, max(16, triton.next_power_of_2(max(1, nb))))
+    return CorrTiles(blocks, 64, 16 if nb >= 256 else 8, 4, 3)
+
+
+def smoothing_correction(
+    qm: torch.Tensor, k: torch.Tensor, lkp: int, *, tiles: CorrTiles | None = None
+) -> torch.Tensor:
     """Q smoothing's per-block correction, fp32 [B, Hq, nb, lkp] = qm [B, Hq, nb, D] (fp32) .
     k [B, Hkv, Lk, D] (bf16, fp16 or fp32; GQA: each query head's KV head), unscaled, zero past Lk.
-    The same bits for any batch or head chunk (`fused.fused_attention` splits by memory): each
-    value is one fixed tile dot."""
+    The same bits for any batch or head chunk (`fused.fused_attention` splits by memory) and, on
+    CUDA, any `tiles` (default `corr_tiles`, which depend on nb only): each value is one fixed
+    sequence of k16 MMA steps over D (the CPU interpreter's numpy dot keeps its order only for a
+    fixed tile shape)."""
     b, hq, nb, d = qm.shape
     hk, lk = k.shape[1], k.shape[2]
     corr = torch.empty((b, hq, nb, lkp), dtype=torch.float32, device=qm.device)
     kparts = correction_parts(k.dtype)
-    # 16 to 64 query blocks per tile (an MMA's rows); three key parts keep the operands in shared
-    # memory with 64 keys.
-    bnb = min(64, max(16, triton.next_power_of_2(max(1, nb))))
-    bk = 128 if kparts == 1 else 64
-    grid = (-(-lkp // bk), -(-nb // bnb), b * hq)
+    t = corr_tiles(nb, lkp, kparts) if tiles is None else tiles
+    grid = (-(-lkp // (t.keys * t.key_tiles)), -(-nb // t.blocks), b * hq)
     # The interpreter's bf16 dot is wrong (Triton 3.9); the parts are exact in fp32 too, so it
     # multiplies them in fp32 (products exact either way).
     dot_t = tl.float32 if kernels_interpreted() else tl.bfloat16
     _corr_kernel[grid](
         qm.contiguous(), k, corr, nb, lk, d, hq, hq // hk, lkp, *k.stride(),
-        BNB=bnb, BK=bk, DP=padded_dim(d), KPARTS=kparts, DOT_T=dot_t, num_warps=4,
+        BNB=t.blocks, BK=t.keys, KT=t.key_tiles, DP=padded_dim(d), KPARTS=kparts, DOT_T=dot_t,
+        num_warps=t.warps, num_stages=t.stages,
     )  # fmt: skip
     return corr

@@ -387,3 +387,133 @@ def test_tma_store_epilogue_equals_tl_kernel(lq, lk, hq, hk, case, p_elem, qk_el
     assert not torch.isnan(o_tl).all()
     _assert_bitwise(out.contiguous(), o_tl, "O")
     _assert_bitwise(lse, l_tl, "lse")
+
+
+# ---- the persistent launch (PERSIST): one CTA per SM walking the 128-row work items -------------
+
+
+@pytest.mark.skipif(not hopper.HAS_GLUON, reason="this Triton has no Gluon")
+def test_persistent_launch_is_one_row_of_ctas():
+    """persistent=True: a 1-d grid of min(work items, SMs) CTAs (ctas overrides the SMs), the item
+    count B x Hq x LQP / 128 among the arguments; 2 stages with the overlap only, ctas >= 1."""
+    b, h, lq, lk = 2, 3, 300, 130
+    q_packed = (torch.zeros(b, h, 384, 64, dtype=torch.uint8), torch.zeros(b, h, 384, 4, dtype=torch.uint8))
+    kx = torch.zeros(b, h, 256, 128, dtype=torch.bfloat16)
+    out = torch.empty(b, h, lq, 128, dtype=torch.bfloat16)
+    kw = dict(lq=lq, lk=lk, group=1, out=out, p_rule=(True, 2, 0), pnq=True, scale=0.1)
+    _, call = hopper.gluon_fwd_call(q_packed, kx, kx, **kw, persistent=True)
+    assert call.grid == (min(18, hopper.OFFLINE_SMS),) and call.constants["PERSIST"] is True
+    assert call.args[16] == b * h  # N_BH: 3 query tiles per head make the 18 items
+    assert hopper.gluon_fwd_call(q_packed, kx, kx, **kw, persistent=True, ctas=5)[1].grid == (5,)
+    _, plain = hopper.gluon_fwd_call(q_packed, kx, kx, **kw)
+    assert plain.grid == (3, b * h) and plain.constants["PERSIST"] is False
+    for bad in (dict(stages=3), dict(overlap=False), dict(pingpong=True), dict(ctas=0)):
+        with pytest.raises(ValueError):
+            hopper.gluon_fwd_call(q_packed, kx, kx, **kw, persistent=True, **bad)
+
+
+def test_plan_runs_the_persistent_grid_for_few_key_tiles(monkeypatch):
+    """targets.GLUON_PERSISTENT_MAX_KEY_TILES decides (frozen data, per family): persistent for
+    calls with at most that many key tiles and no Q smoothing; the plan says so."""
+    from mxattention.kernels.targets import persistent_fwd
+
+    most = targets.GLUON_PERSISTENT_MAX_KEY_TILES["sm_90"]
+    assert persistent_fwd(SM_90A, most, False) and not persistent_fwd(SM_90A, most + 1, False)
+    assert not persistent_fwd(SM_90A, 1, True)  # Q smoothing
+    assert not persistent_fwd(SM_100A, 1, False) and not persistent_fwd(None, 1, False)
+    monkeypatch.setitem(targets.GLUON_PERSISTENT_MAX_KEY_TILES, "sm_90", 0)
+    assert not persistent_fwd(SM_90A, 1, False)
+
+
+def test_plan_describes_the_persistent_grid():
+    from dataclasses import replace
+
+    from mxattention.kernels.plan import KernelPlan
+
+    plan = KernelPlan("mxattention", fwd_kernel="gluon", matrix_path="bf16", kv_layout="bf16")
+    assert "persistent" not in plan.describe()
+    assert "persistent" in replace(plan, fwd_persistent=True).describe()
+
+
+@gpu
+@pytest.mark.parametrize(
+    "b,lq,lk,hq,hk,case,p_elem,qk_elem,out_dtype,ctas",
+    [
+        # 2 x 2 x 3 = 12 items on 5 CTAs (3, 3, 2, 2, 2 each), masked tail tile, B > 1
+        (2, 300, 333, 2, 2, "outliers", "e2m1", "e2m1", torch.bfloat16, 5),
+        # one key tile, masked (77 keys); 4 x 8 = 32 items on 7 CTAs; GQA 4:1; fp32 O by gl.store
+        (1, 1000, 77, 4, 1, "zeros", "e2m1", "e2m1", torch.float32, 7),
+        # NaN / Inf, 9 key tiles (the last of 1 key), one CTA walking all 4 items
+        (1, 200, 1025, 2, 2, "nonfinite", "e2m1", "e2m1", torch.bfloat16, 1),
+        # E8M0 near its ends, full tiles only (640 keys), Lq one past a tile, fp16 O
+        (1, 257, 640, 2, 2, "huge", "e2m1", "e2m1", torch.float16, 4),
+        # E4M3 P~ and E4M3 Q^ / K^ (the word decode's byte path), GQA 2:1, every SM
+        (2, 333, 500, 4, 2, "outliers", "e4m3", "e4m3", torch.bfloat16, None),
+        (1, 129, 300, 2, 2, "ties", "e4m3", "e2m1", torch.bfloat16, 3),
+    ],
+)
+def test_persistent_equals_tl_kernel(b, lq, lk, hq, hk, case, p_elem, qk_elem, out_dtype, ctas):
+    """The persistent launch gives the `tl` kernel's bits: item counts that are no multiple of the
+    grid (CTAs walking 1-4 items, Q^ buffers and ring positions alternating across items), masked
+    tail tiles, Lq off the tiles, GQA, B > 1, NaN / Inf, every output path."""
+    q_packed, kx, vx = _operands(b, hq, hk, lq, lk, qk_elem, case, seed=lq * 5 + lk)
+    for scale in (128**-0.5, 37.0):
+        (o_tl, l_tl), (o_g, l_g) = _both(q_packed, kx, vx, lq=lq, lk=lk, group=hq // hk, out_dtype=out_dtype,
+                                         rule="uos", pnq=True, p_elem=p_elem, qk_elem=qk_elem, scale=scale,
+                                         persistent=True, ctas=ctas)  # fmt: skip
+        assert not torch.isnan(o_tl).all()
+        _assert_bitwise(o_g, o_tl, f"O (scale {scale})")
+        _assert_bitwise(l_g, l_tl, f"lse (scale {scale})")
+
+
+@gpu
+@pytest.mark.parametrize(
+    "lq,lk,case,block,variant",
+    [
+        (700, 1300, "nonfinite", 256, dict(ctas=3)),
+        (300, 333, "huge", 128, dict(ctas=2, corr_mma=False)),
+    ],
+)
+def test_persistent_smoothing_equals_tl_kernel(lq, lk, case, block, variant):
+    """Q smoothing on the persistent launch (the correction row of each item's block, by wgmma or
+    loaded): the `tl` kernel's bits."""
+    q_packed, kx, vx = _operands(2, 4, 2, lq, lk, "e2m1", case, seed=lq + lk)
+    corr = _correction(2, 4, lq, lk, block, case, seed=lk)
+    (o_tl, l_tl), (o_g, l_g) = _both(q_packed, kx, vx, lq=lq, lk=lk, group=2, out_dtype=torch.bfloat16, rule="uos",
+                                     pnq=True, p_elem="e4m3", qk_elem="e2m1", scale=3.0, smooth_q=(corr, block),
+                                     persistent=True, **variant)  # fmt: skip
+    _assert_bitwise(o_g, o_tl, "O")
+    _assert_bitwise(l_g, l_tl, "lse")
+
+
+@gpu
+@pytest.mark.parametrize(
+    "method,b,hq,hk,lq,lk,chunk",
+    [
+        ("mxattention", 2, 4, 2, 700, 512, 2**19),  # 512 KiB chunks: one KV head per launch
+        ("mxattention-pv8-smooth", 1, 4, 2, 1500, 300, None),
+        ("mxattention-pv8", 1, 6, 3, 900, 200, "auto"),
+    ],
+)
+def test_fused_attention_persistent_same_bits(method, b, hq, hk, lq, lk, chunk):
+    """Whole calls through `fused_attention` with the plan's persistent grid (forced on; head chunks,
+    Q smoothing, the query as the [B, L, H, D] view models hand over) == the `tl` kernel's."""
+    from dataclasses import replace
+
+    from mxattention.attention.config import get_method
+    from mxattention.kernels.fused import fused_attention
+    from mxattention.kernels.plan import plan_call
+
+    g = torch.Generator(device="cuda").manual_seed(lq * lk)
+    q = torch.randn(b, lq, hq, 128, generator=g, device="cuda").bfloat16().transpose(1, 2)
+    k = torch.randn(b, hk, lk, 128, generator=g, device="cuda").bfloat16()
+    v = torch.randn(b, hk, lk, 128, generator=g, device="cuda").bfloat16()
+    q[0, 0, 3] *= 40.0
+    cfg = get_method(method)
+    plan = plan_call(cfg, q, k, v, scale=128**-0.5, kv_chunk_bytes=chunk, fwd_kernel="gluon")
+    if chunk == 2**19:
+        assert len(plan.chunks) == 2
+    o_tl, l_tl, _ = fused_attention(q, k, v, cfg, scale=128**-0.5, kv_chunk_bytes=chunk, fwd_kernel="tl")
+    o_g, l_g, _ = fused_attention(q, k, v, cfg, scale=128**-0.5, plan=replace(plan, fwd_persistent=True))
+    _assert_bitwise(o_g, o_tl, "O")
+    _assert_bitwise(l_g, l_tl, "lse")

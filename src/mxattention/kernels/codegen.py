@@ -48,6 +48,7 @@ class Case:
     heads: int = 2
     kernel: str = "tl"  # "gluon": the warp-specialized sm_90 forward (`attention_fwd_hopper`)
     stages: int | None = None  # the Gluon forward's K^ / V^ ring stages (None: its STAGES)
+    persistent: bool = False  # the Gluon forward's persistent launch (`attention_fwd_hopper.PERSIST`)
 
     @property
     def label(self) -> str:
@@ -55,7 +56,16 @@ class Case:
         method = f", {self.method}" if self.method != "mxattention" else ""
         gluon = ", gluon" if self.kernel == "gluon" else ""
         stages = f", {self.stages} stages" if self.stages else ""
-        return f"D {self.head_dim}" + (", causal" if self.causal else "") + path + method + gluon + stages
+        persistent = ", persistent" if self.persistent else ""
+        return (
+            f"D {self.head_dim}"
+            + (", causal" if self.causal else "")
+            + path
+            + method
+            + gluon
+            + stages
+            + persistent
+        )
 
 
 @dataclass(frozen=True)
@@ -317,7 +327,7 @@ def _label_loops(lines: list[str], label_re: str, branch_re: str) -> list[list[s
 def summarize_gluon(target: Target, case: Case = Case(kernel="gluon")) -> dict:
     """Build the Gluon forward (`attention_fwd_hopper`) for `case` (bf16 K^ / V^, D 128, the method's
     P~ ladder, rule and PNQ) and read it: registers at launch and per partition (the setmaxnreg
-    values: consumer 0, consumer 1, producer), spills, wgmma serialization (ptxas C7513 / C7515),
+    values: consumer 0, consumer 1, producer), spills, wgmma serialization (ptxas C7513 / C7514 / C7515),
     HGMMA and SASS instructions per key tile of each consumer's loop, whether each loop's last
     wgmma wait (the one for P^_{j-1} V^_{j-1}) comes after its last exp2 (the product runs under
     the whole softmax), shared memory."""
@@ -344,7 +354,7 @@ def summarize_gluon(target: Target, case: Case = Case(kernel="gluon")) -> dict:
         p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=cfg.pnq, scale=d**-0.5, p_elem=cfg.p.elem,
         qk_elem=cfg.q.elem, p_cvt=cfg.p.elem == "e4m3" and hw_e4m3_cast(target),
         smooth_q=(torch.empty(1, h, -(-n // cfg.smooth_q_block), n), cfg.smooth_q_block) if cfg.smooth_q else None,
-        stages=case.stages,
+        stages=case.stages, persistent=case.persistent,
     )  # fmt: skip
     t0 = time.perf_counter()
     kw = dict(call.constants, num_warps=call.num_warps)
@@ -362,7 +372,7 @@ def summarize_gluon(target: Target, case: Case = Case(kernel="gluon")) -> dict:
         partition_registers={"consumer": call.constants["CONSUMER_REGS"], "producer": call.constants["PRODUCER_REGS"]},
         setmaxnreg=sorted({int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", compiled.asm["ptx"])}),
         spill_bytes=int(spills[1]) if spills else None,
-        wgmma_serialized=bool(re.search(r"C751[35]", log)),
+        wgmma_serialized=bool(re.search(r"C751[3-5]", log)),
         hgmma_per_tile=[sum(op.startswith("HGMMA") for op in b) for b in per_tile],
         instructions_per_tile=[len(b) for b in per_tile],
         pv_wait_after_exps=[_last(b, "WARPGROUP.DEPBAR") > _last(b, "MUFU.EX2") for b in per_tile],
@@ -380,9 +390,10 @@ TARGETS_BY_NAME = {t.name: t for t in (*MX_TARGETS, SM_90A)}
 
 
 def parse_spec(spec: str) -> tuple[Target, Case]:
-    """A build named as TARGET[/dHEAD_DIM][/causal][/bf16|/dot_scaled][/METHOD][/gluon[/sSTAGES]], e.g.
-    "sm_120a/d128/causal", "sm_100a/d128/mxattention-pv8" (a preset's name), "sm_90a/gluon"
-    (the Gluon forward, `summarize_gluon`) or "sm_90a/mxattention-pv8-smooth/gluon/s3"."""
+    """A build named as TARGET[/dHEAD_DIM][/causal][/bf16|/dot_scaled][/METHOD][/gluon[/sSTAGES][/persistent]],
+    e.g. "sm_120a/d128/causal", "sm_100a/d128/mxattention-pv8" (a preset's name), "sm_90a/gluon"
+    (the Gluon forward, `summarize_gluon`), "sm_90a/mxattention-pv8-smooth/gluon/s3" or
+    "sm_90a/gluon/persistent" (its persistent launch)."""
     from mxattention.attention.config import PRESETS
 
     name, *parts = spec.split("/")
@@ -402,9 +413,11 @@ def parse_spec(spec: str) -> tuple[Target, Case]:
             kw["kernel"] = "gluon"
         elif re.fullmatch(r"s\d", part):
             kw["stages"] = int(part[1:])
+        elif part == "persistent":
+            kw["persistent"] = True
         else:
             raise ValueError(
-                f"build {spec!r}: {part!r} is not dN, causal, bf16, dot_scaled, gluon, sN or a preset"
+                f"build {spec!r}: {part!r} is not dN, causal, bf16, dot_scaled, gluon, sN, persistent or a preset"
             )
     return TARGETS_BY_NAME[name], Case(**kw)
 

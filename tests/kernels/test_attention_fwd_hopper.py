@@ -517,3 +517,15 @@ def test_fused_attention_persistent_same_bits(method, b, hq, hk, lq, lk, chunk):
     o_g, l_g, _ = fused_attention(q, k, v, cfg, scale=128**-0.5, plan=replace(plan, fwd_persistent=True))
     _assert_bitwise(o_g, o_tl, "O")
     _assert_bitwise(l_g, l_tl, "lse")
+
+
+@gpu
+@pytest.mark.parametrize("qk_elem,ctas", [("e2m1", 5), ("e4m3", 3)])
+def test_persistent_early_q_load_equals_tl_kernel(qk_elem, ctas):
+    """Q_EARLY (the next item's packed Q^ loaded at the start of this item's key loop): same bits."""
+    q_packed, kx, vx = _operands(2, 2, 2, 300, 333, qk_elem, "nonfinite", seed=11)
+    (o_tl, l_tl), (o_g, l_g) = _both(q_packed, kx, vx, lq=300, lk=333, group=1, out_dtype=torch.bfloat16, rule="uos",
+                                     pnq=True, p_elem="e2m1", qk_elem=qk_elem, scale=0.088, persistent=True,
+                                     ctas=ctas, q_early=True)  # fmt: skip
+    _assert_bitwise(o_g, o_tl, "O")
+    _assert_bitwise(l_g, l_tl, "lse")

@@ -81,6 +81,9 @@ CORR_MMA = True
 # descriptor and its dtype is 2 bytes (the tile then fits in the consumer's Q^ buffer; docs/design.md,
 # 'O by TMA store').
 OUT_TMA = True
+# PERSIST: the next item's packed Q^ loaded at the start of this item's key loop (True: 16 registers
+# through it, 32 bytes of scalars spilled outside it) or just before its last P^ V^ (False).
+Q_EARLY = False
 # The grid of a persistent launch where the tensors are not on a GPU (offline builds): the H200's SMs.
 OFFLINE_SMS = 132
 
@@ -548,7 +551,7 @@ if HAS_GLUON:
                              stride_od, DQ: gl.constexpr, PNQ: gl.constexpr, CEIL: gl.constexpr,
                              Q_EXP: gl.constexpr, Q_MANT: gl.constexpr, P_ELEM: gl.constexpr, P_CVT: gl.constexpr,
                              QK_ELEM: gl.constexpr, OUT_MAX: gl.constexpr, STAGES: gl.constexpr, ME: gl.constexpr,
-                             SMOOTH: gl.constexpr, o_desc, O_TMA: gl.constexpr):  # fmt: skip
+                             SMOOTH: gl.constexpr, o_desc, O_TMA: gl.constexpr, Q_EARLY: gl.constexpr):  # fmt: skip
         """PERSIST: rows [64 ME, 64 ME + 64) of each of this CTA's work items (`_item`: t = pid,
         pid + programs, ...), every item computed as `_consumer` computes it (the same bits), with
         the work between items overlapped: Q^ of item i + 1 is decoded into the other buffer of
@@ -579,6 +582,14 @@ if HAS_GLUON:
             row0 = row0 + ME * R
             g0 = k * n_tiles
             q_smem = q_bufs.index(k % 2)
+            t_next = t + step
+            if Q_EARLY:
+                # Item k + 1's packed Q^ requested now (16 registers through the key loop): its load
+                # latency passes under this item's tiles (the last item reloads its own rows, unused).
+                bh1, _b1, _h1, row1 = _item(gl.minimum(t_next, n_items - 1), n_m, H)
+                qlo, qhi, qs1 = _q_hat_load_words(
+                    Qc, Qs, bh1.to(gl.int64) * LQP + row1 + ME * R, R, DQ, QK_ELEM
+                )
             for j in range(1, n_full):
                 m, l, o_tilde, p = _overlap_step(
                     j, g0 + j, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty,
@@ -594,16 +605,15 @@ if HAS_GLUON:
             g_last = g0 + n_tiles - 1
             last = g_last % STAGES
             out_base = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-            t_next = t + step
             if t_next < n_items:
-                # Item k + 1's Q^ codes requested first: their latency passes under the waits and the
-                # last P^ V^. From that product's issue to its wait no branch (no mbarrier wait
-                # either: K^ of the next item's tile 0 is waited for first): across one, ptxas
-                # serializes the wgmmas (C7514, the epilogue reading O~ while S_0 runs).
-                bh1, _b1, _h1, row1 = _item(t_next, n_m, H)
-                qlo, qhi, qs1 = _q_hat_load_words(
-                    Qc, Qs, bh1.to(gl.int64) * LQP + row1 + ME * R, R, DQ, QK_ELEM
-                )
+                if not Q_EARLY:  # item k + 1's Q^ codes requested before the waits and the last P^ V^
+                    bh1, _b1, _h1, row1 = _item(t_next, n_m, H)
+                    qlo, qhi, qs1 = _q_hat_load_words(
+                        Qc, Qs, bh1.to(gl.int64) * LQP + row1 + ME * R, R, DQ, QK_ELEM
+                    )
+                # From the last P^ V^'s issue to its wait no branch (no mbarrier wait either: K^ of
+                # the next item's tile 0 is waited for first): across one, ptxas serializes the
+                # wgmmas (C7514, the epilogue reading O~ while S_0 runs).
                 g1 = g0 + n_tiles
                 mbarrier.wait(v_ready.index(last), (g_last // STAGES) & 1)
                 mbarrier.wait(k_ready.index(g1 % STAGES), (g1 // STAGES) & 1)
@@ -673,6 +683,7 @@ if HAS_GLUON:
         CORR_MMA: gl.constexpr,
         O_TMA: gl.constexpr,
         PERSIST: gl.constexpr,
+        Q_EARLY: gl.constexpr,
     ):
         BN: gl.constexpr = k_desc.block_type.shape[0]
         DV: gl.constexpr = v_desc.block_type.shape[1]
@@ -718,14 +729,14 @@ if HAS_GLUON:
                         (Qc, Qs, Out, Lse, q0, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, Lq, Lk,
                          H, LQP, n_m, n_items, n_tiles, qk_scale, stride_ob, stride_oh, stride_om, stride_od, DQ,
                          PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, 0, SMOOTH, o_desc,
-                         O_TMA),
+                         O_TMA, Q_EARLY),
                     ),
                     (
                         _consumer_persistent,
                         (Qc, Qs, Out, Lse, q1, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, Lq, Lk,
                          H, LQP, n_m, n_items, n_tiles, qk_scale, stride_ob, stride_oh, stride_om, stride_od, DQ,
                          PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, 1, SMOOTH, o_desc,
-                         O_TMA),
+                         O_TMA, Q_EARLY),
                     ),
                     (_producer_persistent, (k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready,
                                             k_empty, v_empty, H, GROUP, LKP, NBQ, n_m, n_items, n_tiles, STAGES,
@@ -879,6 +890,7 @@ def gluon_fwd_call(
     pingpong: bool | None = None,
     persistent: bool = False,
     ctas: int | None = None,
+    q_early: bool | None = None,
 ) -> tuple[torch.Tensor, GluonFwdCall]:
     """(lse [B, Hq, Lq], the launch) for pre-pass outputs: Q^ = (codes [B, Hq, LQP, DQ/2] (E4M3:
     [.., DQ]), E8M0 bytes [B, Hq, LQP, DQ/32]), K^ [B, Hkv, LKP, 128] and V^ [B, Hkv, LKP, 128]
@@ -889,7 +901,7 @@ def gluon_fwd_call(
     others; PINGPONG needs OVERLAP). `persistent` (the plan's `KernelPlan.fwd_persistent`): one CTA
     per SM walks the 128-row work items with their fixed work overlapped (`PERSIST`; 2 stages, the
     overlap, no ping-pong: docs/design.md, 'Persistent items'); `ctas` (tests, experiments) its
-    grid instead of min(work items, SMs)."""
+    grid instead of min(work items, SMs); `q_early` None: `Q_EARLY`."""
     qc, qs = q_packed
     bsz, hq, lqp, _ = qc.shape
     hk, lkp = kx.shape[1], kx.shape[2]
@@ -971,6 +983,7 @@ def gluon_fwd_call(
     o_desc = _out_desc(out)
     constants["O_TMA"] = o_desc is not None
     constants["PERSIST"] = bool(persistent)
+    constants["Q_EARLY"] = bool(persistent) and (Q_EARLY if q_early is None else q_early)
     grid = (lqp // BLOCK_M, bsz * hq)
     if persistent:
         if constants["STAGES"] != 2 or not constants["OVERLAP"] or constants["PINGPONG"]:

@@ -27,10 +27,11 @@ Structure (one CTA per 128 query rows of one (batch, head)):
 - OVERLAP (intra-warpgroup pipelining): S_{j+1} = Q^ K^_{j+1}^T and P^_j V^_j are both in flight
   while the softmax of tile j + 1 runs; the rescale of O~ by alpha waits for P^_j V^_j, so O~ sees
   the same sequence of operations as in the `tl` kernel.
-- PERSIST (the plan's `fwd_persistent`, docs/design.md, 'Persistent items'): one CTA per SM walks
-  the 128-row items instead; the producer's ring runs across items, and each consumer overlaps the
-  work between two items (next Q^ decoded into its second buffer under the last P^ V^, next S_0
-  issued before the epilogue, the O store left in flight).
+- a second kernel, `_mx_attention_fwd_hopper_persistent_kernel` (the plan's `fwd_persistent`;
+  docs/design.md, 'Persistent items'): one CTA per SM walks the 128-row items; the producer's ring
+  runs across items, and each consumer overlaps the work between two items (next Q^ decoded into
+  its second buffer under the last P^ V^, next S_0 issued before the epilogue, the O store left in
+  flight). Bit-identical, measured slower on the H200: no plan picks it yet.
 """
 
 from __future__ import annotations
@@ -81,9 +82,6 @@ CORR_MMA = True
 # descriptor and its dtype is 2 bytes (the tile then fits in the consumer's Q^ buffer; docs/design.md,
 # 'O by TMA store').
 OUT_TMA = True
-# PERSIST: the next item's packed Q^ loaded at the start of this item's key loop (True: 16 registers
-# through it, 32 bytes of scalars spilled outside it) or just before its last P^ V^ (False).
-Q_EARLY = False
 # The grid of a persistent launch where the tensors are not on a GPU (offline builds): the H200's SMs.
 OFFLINE_SMS = 132
 
@@ -252,18 +250,34 @@ if HAS_GLUON:
     @gluon.jit
     def _producer(k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, kv_row0,
                   c_row, LKP, n_tiles, STAGES: gl.constexpr, SMOOTH: gl.constexpr):  # fmt: skip
-        """Key tiles j of this CTA's item (rows kv_row0 + j BN of the [B Hkv LKP, D] views) into
-        ring position j (`_produce_tile`)."""
+        """TMA K^_j, V^_j (rows kv_row0 + j BN of the [B Hkv LKP, D] views) into ring slot j % STAGES
+        once both consumers released it (a fresh barrier passes the parity-1 wait); SMOOTH (0 none,
+        1 row, 2 parts): also keys [j BN, (j + 1) BN) of correction row c_row, on K^_j's barrier: by
+        TMA as fp32 (1), or in three bf16 parts written by this warp (2, `_corr_parts`)."""
         BN: gl.constexpr = k_desc.block_type.shape[0]
         for j in range(n_tiles):
-            _produce_tile(k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, j,
-                          kv_row0 + j * BN, c_row, LKP, j * BN, STAGES, SMOOTH)  # fmt: skip
+            slot = j % STAGES
+            phase = ((j // STAGES) & 1) ^ 1
+            mbarrier.wait(k_empty.index(slot), phase)
+            if SMOOTH == 1:
+                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes + c_desc.block_type.nbytes)
+                _tma_load(c_desc, [c_row, j * BN], k_ready.index(slot), c_smem.index(slot))
+            else:
+                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+            _tma_load(k_desc, [kv_row0 + j * BN, 0], k_ready.index(slot), k_smem.index(slot))
+            if SMOOTH == 2:
+                c_smem.index(slot).store(_corr_parts(c_desc, c_row, LKP, j * BN, BN))
+                fence_async_shared()  # the generic-proxy stores before the wgmma (async proxy) reads them
+                mbarrier.arrive(k_ready.index(slot))  # the barrier's second arrival (init count 2)
+            mbarrier.wait(v_empty.index(slot), phase)
+            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [kv_row0 + j * BN, 0], v_ready.index(slot), v_smem.index(slot))
 
     @gluon.jit
     def _producer_persistent(k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
                              H, GROUP, LKP, NBQ, n_m, n_items, n_tiles, STAGES: gl.constexpr, SMOOTH: gl.constexpr,
                              SMOOTH_Q_BLOCK: gl.constexpr):  # fmt: skip
-        """PERSIST: the key tiles of every item of this CTA (`_item`) in turn, the ring position g
+        """The persistent kernel's producer: the key tiles of every item of this CTA (`_item`) in turn, the ring position g
         running across items, so item i + 1's first tiles land while the consumers finish item i."""
         BN: gl.constexpr = k_desc.block_type.shape[0]
         g = 0
@@ -551,8 +565,8 @@ if HAS_GLUON:
                              stride_od, DQ: gl.constexpr, PNQ: gl.constexpr, CEIL: gl.constexpr,
                              Q_EXP: gl.constexpr, Q_MANT: gl.constexpr, P_ELEM: gl.constexpr, P_CVT: gl.constexpr,
                              QK_ELEM: gl.constexpr, OUT_MAX: gl.constexpr, STAGES: gl.constexpr, ME: gl.constexpr,
-                             SMOOTH: gl.constexpr, o_desc, O_TMA: gl.constexpr, Q_EARLY: gl.constexpr):  # fmt: skip
-        """PERSIST: rows [64 ME, 64 ME + 64) of each of this CTA's work items (`_item`: t = pid,
+                             SMOOTH: gl.constexpr, o_desc, O_TMA: gl.constexpr):  # fmt: skip
+        """The persistent kernel's consumer: rows [64 ME, 64 ME + 64) of each of this CTA's work items (`_item`: t = pid,
         pid + programs, ...), every item computed as `_consumer` computes it (the same bits), with
         the work between items overlapped: Q^ of item i + 1 is decoded into the other buffer of
         q_bufs [2, 64, DQ] while item i's last P^ V^ runs; item i + 1's S_0 is issued before
@@ -583,13 +597,6 @@ if HAS_GLUON:
             g0 = k * n_tiles
             q_smem = q_bufs.index(k % 2)
             t_next = t + step
-            if Q_EARLY:
-                # Item k + 1's packed Q^ requested now (16 registers through the key loop): its load
-                # latency passes under this item's tiles (the last item reloads its own rows, unused).
-                bh1, _b1, _h1, row1 = _item(gl.minimum(t_next, n_items - 1), n_m, H)
-                qlo, qhi, qs1 = _q_hat_load_words(
-                    Qc, Qs, bh1.to(gl.int64) * LQP + row1 + ME * R, R, DQ, QK_ELEM
-                )
             for j in range(1, n_full):
                 m, l, o_tilde, p = _overlap_step(
                     j, g0 + j, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty,
@@ -606,11 +613,12 @@ if HAS_GLUON:
             last = g_last % STAGES
             out_base = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
             if t_next < n_items:
-                if not Q_EARLY:  # item k + 1's Q^ codes requested before the waits and the last P^ V^
-                    bh1, _b1, _h1, row1 = _item(t_next, n_m, H)
-                    qlo, qhi, qs1 = _q_hat_load_words(
-                        Qc, Qs, bh1.to(gl.int64) * LQP + row1 + ME * R, R, DQ, QK_ELEM
-                    )
+                # Item k + 1's Q^ codes requested before the waits and the last P^ V^ (loaded at the
+                # start of the key loop instead, the call took 1.7 % longer: benchmarks/NOTES.md, v14-cross).
+                bh1, _b1, _h1, row1 = _item(t_next, n_m, H)
+                qlo, qhi, qs1 = _q_hat_load_words(
+                    Qc, Qs, bh1.to(gl.int64) * LQP + row1 + ME * R, R, DQ, QK_ELEM
+                )
                 # From the last P^ V^'s issue to its wait no branch (no mbarrier wait either: K^ of
                 # the next item's tile 0 is waited for first): across one, ptxas serializes the
                 # wgmmas (C7514, the epilogue reading O~ while S_0 runs).
@@ -660,7 +668,6 @@ if HAS_GLUON:
         LQP,
         LKP,
         NBQ,
-        N_BH,
         stride_ob,
         stride_oh,
         stride_om,
@@ -682,19 +689,18 @@ if HAS_GLUON:
         SMOOTH_Q_BLOCK: gl.constexpr,
         CORR_MMA: gl.constexpr,
         O_TMA: gl.constexpr,
-        PERSIST: gl.constexpr,
-        Q_EARLY: gl.constexpr,
     ):
         BN: gl.constexpr = k_desc.block_type.shape[0]
         DV: gl.constexpr = v_desc.block_type.shape[1]
         R: gl.constexpr = 64
+        pid_m = gl.program_id(0)
+        bh = gl.program_id(1)
+        b = bh // H
+        h = bh % H
+        bhk = b * (H // GROUP) + h // GROUP  # GQA: the kv head, no copy
         q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([R, DQ], gl.bfloat16)
-        if PERSIST:  # two Q^ buffers per consumer: item i + 1's Q^ beside item i's O
-            q0 = gl.allocate_shared_memory(gl.bfloat16, [2, R, DQ], q_layout)
-            q1 = gl.allocate_shared_memory(gl.bfloat16, [2, R, DQ], q_layout)
-        else:
-            q0 = gl.allocate_shared_memory(gl.bfloat16, [R, DQ], q_layout)
-            q1 = gl.allocate_shared_memory(gl.bfloat16, [R, DQ], q_layout)
+        q0 = gl.allocate_shared_memory(gl.bfloat16, [R, DQ], q_layout)
+        q1 = gl.allocate_shared_memory(gl.bfloat16, [R, DQ], q_layout)
         k_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, DQ], k_desc.layout)
         v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, DV], v_desc.layout)
         # Q smoothing's correction Corr [B Hq NBQ, LKP] (fp32): this CTA's rows lie in one block.
@@ -719,65 +725,126 @@ if HAS_GLUON:
         for i in gl.static_range(2):
             mbarrier.init(turns.index(i), count=1)
         n_tiles = (Lk + BN - 1) // BN
-        if PERSIST:
-            n_m = LQP // (2 * R)
-            n_items = n_m * N_BH
-            gl.warp_specialize(
-                [
-                    (
-                        _consumer_persistent,
-                        (Qc, Qs, Out, Lse, q0, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, Lq, Lk,
-                         H, LQP, n_m, n_items, n_tiles, qk_scale, stride_ob, stride_oh, stride_om, stride_od, DQ,
-                         PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, 0, SMOOTH, o_desc,
-                         O_TMA, Q_EARLY),
-                    ),
-                    (
-                        _consumer_persistent,
-                        (Qc, Qs, Out, Lse, q1, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, Lq, Lk,
-                         H, LQP, n_m, n_items, n_tiles, qk_scale, stride_ob, stride_oh, stride_om, stride_od, DQ,
-                         PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, 1, SMOOTH, o_desc,
-                         O_TMA, Q_EARLY),
-                    ),
-                    (_producer_persistent, (k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready,
-                                            k_empty, v_empty, H, GROUP, LKP, NBQ, n_m, n_items, n_tiles, STAGES,
-                                            SMOOTH, SMOOTH_Q_BLOCK)),
-                ],
-                [4, 1],
-                [CONSUMER_REGS, PRODUCER_REGS],
-            )  # fmt: skip
+        row0 = pid_m * (2 * R)
+        q_row0 = bh.to(gl.int64) * LQP + row0
+        out_base = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+        lse_base = bh.to(gl.int64) * Lq
+        c_row = bh * NBQ + row0 // gl.maximum(SMOOTH_Q_BLOCK, 1)
+        gl.warp_specialize(
+            [
+                (
+                    _consumer,
+                    (Qc, Qs, Out, Lse, q0, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, q_row0,
+                     row0, Lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od, DQ, PNQ, CEIL,
+                     Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, OVERLAP, turns.index(0),
+                     turns.index(1), 0, PINGPONG, SMOOTH, o_desc, b, h, O_TMA),
+                ),
+                (
+                    _consumer,
+                    (Qc, Qs, Out, Lse, q1, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
+                     q_row0 + R, row0 + R, Lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od,
+                     DQ, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, OVERLAP,
+                     turns.index(1), turns.index(0), 1, PINGPONG, SMOOTH, o_desc, b, h, O_TMA),
+                ),
+                (_producer, (k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty,
+                             v_empty, bhk * LKP, c_row, LKP, n_tiles, STAGES, SMOOTH)),
+            ],
+            [4, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+
+    @gluon.jit
+    def _mx_attention_fwd_hopper_persistent_kernel(
+        Qc,
+        Qs,
+        k_desc,
+        v_desc,
+        c_desc,
+        Out,
+        o_desc,
+        Lse,
+        qk_scale,
+        Lq,
+        Lk,
+        H,
+        GROUP,
+        LQP,
+        LKP,
+        NBQ,
+        stride_ob,
+        stride_oh,
+        stride_om,
+        stride_od,
+        N_BH,
+        DQ: gl.constexpr,
+        PNQ: gl.constexpr,
+        CEIL: gl.constexpr,
+        Q_EXP: gl.constexpr,
+        Q_MANT: gl.constexpr,
+        P_ELEM: gl.constexpr,
+        P_CVT: gl.constexpr,
+        QK_ELEM: gl.constexpr,
+        OUT_MAX: gl.constexpr,
+        STAGES: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr,
+        SMOOTH_Q_BLOCK: gl.constexpr,
+        CORR_MMA: gl.constexpr,
+        O_TMA: gl.constexpr,
+    ):
+        BN: gl.constexpr = k_desc.block_type.shape[0]
+        DV: gl.constexpr = v_desc.block_type.shape[1]
+        R: gl.constexpr = 64
+        q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([R, DQ], gl.bfloat16)
+        # Two Q^ buffers per consumer: item i + 1's Q^ beside item i's O.
+        q0 = gl.allocate_shared_memory(gl.bfloat16, [2, R, DQ], q_layout)
+        q1 = gl.allocate_shared_memory(gl.bfloat16, [2, R, DQ], q_layout)
+        k_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, DQ], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, DV], v_desc.layout)
+        # Q smoothing's correction Corr [B Hq NBQ, LKP] (fp32): this CTA's rows lie in one block.
+        SMOOTH: gl.constexpr = 0 if SMOOTH_Q_BLOCK == 0 else (2 if CORR_MMA else 1)
+        if SMOOTH == 1:
+            c_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BN], c_desc.layout)
+        elif SMOOTH == 2:
+            parts: gl.constexpr = gl.NVMMASharedLayout.get_default_for([16, BN], gl.bfloat16)
+            c_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 16, BN], parts)
         else:
-            pid_m = gl.program_id(0)
-            bh = gl.program_id(1)
-            b = bh // H
-            h = bh % H
-            bhk = b * (H // GROUP) + h // GROUP  # GQA: the kv head, no copy
-            row0 = pid_m * (2 * R)
-            q_row0 = bh.to(gl.int64) * LQP + row0
-            out_base = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-            lse_base = bh.to(gl.int64) * Lq
-            c_row = bh * NBQ + row0 // gl.maximum(SMOOTH_Q_BLOCK, 1)
-            gl.warp_specialize(
-                [
-                    (
-                        _consumer,
-                        (Qc, Qs, Out, Lse, q0, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, q_row0,
-                         row0, Lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od, DQ, PNQ, CEIL,
-                         Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, OVERLAP, turns.index(0),
-                         turns.index(1), 0, PINGPONG, SMOOTH, o_desc, b, h, O_TMA),
-                    ),
-                    (
-                        _consumer,
-                        (Qc, Qs, Out, Lse, q1, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
-                         q_row0 + R, row0 + R, Lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od,
-                         DQ, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, OVERLAP,
-                         turns.index(1), turns.index(0), 1, PINGPONG, SMOOTH, o_desc, b, h, O_TMA),
-                    ),
-                    (_producer, (k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty,
-                                 v_empty, bhk * LKP, c_row, LKP, n_tiles, STAGES, SMOOTH)),
-                ],
-                [4, 1],
-                [CONSUMER_REGS, PRODUCER_REGS],
-            )  # fmt: skip
+            c_smem = k_smem  # never read
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=2 if SMOOTH == 2 else 1)  # + the producer's parts
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)  # one arrive per consumer partition
+            mbarrier.init(v_empty.index(i), count=2)
+        n_tiles = (Lk + BN - 1) // BN
+        n_m = LQP // (2 * R)
+        n_items = n_m * N_BH
+        gl.warp_specialize(
+            [
+                (
+                    _consumer_persistent,
+                    (Qc, Qs, Out, Lse, q0, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, Lq, Lk,
+                     H, LQP, n_m, n_items, n_tiles, qk_scale, stride_ob, stride_oh, stride_om, stride_od, DQ,
+                     PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, 0, SMOOTH, o_desc,
+                     O_TMA),
+                ),
+                (
+                    _consumer_persistent,
+                    (Qc, Qs, Out, Lse, q1, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, Lq, Lk,
+                     H, LQP, n_m, n_items, n_tiles, qk_scale, stride_ob, stride_oh, stride_om, stride_od, DQ,
+                     PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, 1, SMOOTH, o_desc,
+                     O_TMA),
+                ),
+                (_producer_persistent, (k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready,
+                                        k_empty, v_empty, H, GROUP, LKP, NBQ, n_m, n_items, n_tiles, STAGES,
+                                        SMOOTH, SMOOTH_Q_BLOCK)),
+            ],
+            [4, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
 
 
 def gluon_fwd_reason(
@@ -838,13 +905,21 @@ def fwd_kernel_for(target: Target | None, reason: str | None, requested: str | N
 
 @dataclass(frozen=True)
 class GluonFwdCall:
-    """One launch of the Gluon kernel: grid, positional arguments, constexprs, warps (the default
-    partition's: consumer 0)."""
+    """One launch of a Gluon kernel (`kernel`): grid, positional arguments, constexprs, warps (the
+    default partition's: consumer 0)."""
 
     grid: tuple[int, ...]  # (query tiles, B Hq), or (CTAs,) for a persistent launch
     args: tuple
     constants: dict
     num_warps: int = 4
+    persistent: bool = False  # `_mx_attention_fwd_hopper_persistent_kernel` (args + B Hq), else the other
+
+    @property
+    def kernel(self):
+        """The Gluon kernel this launch runs."""
+        return (
+            _mx_attention_fwd_hopper_persistent_kernel if self.persistent else _mx_attention_fwd_hopper_kernel
+        )
 
 
 def _out_desc(out: torch.Tensor) -> TensorDescriptor | None:
@@ -890,7 +965,6 @@ def gluon_fwd_call(
     pingpong: bool | None = None,
     persistent: bool = False,
     ctas: int | None = None,
-    q_early: bool | None = None,
 ) -> tuple[torch.Tensor, GluonFwdCall]:
     """(lse [B, Hq, Lq], the launch) for pre-pass outputs: Q^ = (codes [B, Hq, LQP, DQ/2] (E4M3:
     [.., DQ]), E8M0 bytes [B, Hq, LQP, DQ/32]), K^ [B, Hkv, LKP, 128] and V^ [B, Hkv, LKP, 128]
@@ -899,9 +973,9 @@ def gluon_fwd_call(
     correction (`smoothing.smoothing_correction`), block a multiple of 128. p_cvt None: the hardware E4M3 cast where `targets.HW_E4M3_CAST` lists the target;
     stages / overlap / pingpong None: the module's STAGES / OVERLAP / PINGPONG (experiments pass
     others; PINGPONG needs OVERLAP). `persistent` (the plan's `KernelPlan.fwd_persistent`): one CTA
-    per SM walks the 128-row work items with their fixed work overlapped (`PERSIST`; 2 stages, the
+    per SM walks the 128-row work items with their fixed work overlapped (`_mx_attention_fwd_hopper_persistent_kernel`; 2 stages, the
     overlap, no ping-pong: docs/design.md, 'Persistent items'); `ctas` (tests, experiments) its
-    grid instead of min(work items, SMs); `q_early` None: `Q_EARLY`."""
+    grid instead of min(work items, SMs)."""
     qc, qs = q_packed
     bsz, hq, lqp, _ = qc.shape
     hk, lkp = kx.shape[1], kx.shape[2]
@@ -982,24 +1056,23 @@ def gluon_fwd_call(
     )
     o_desc = _out_desc(out)
     constants["O_TMA"] = o_desc is not None
-    constants["PERSIST"] = bool(persistent)
-    constants["Q_EARLY"] = bool(persistent) and (Q_EARLY if q_early is None else q_early)
     grid = (lqp // BLOCK_M, bsz * hq)
-    if persistent:
-        if constants["STAGES"] != 2 or not constants["OVERLAP"] or constants["PINGPONG"]:
-            raise ValueError(
-                "persistent=True runs 2 stages with the overlap and without ping-pong (two Q^ buffers per "
-                f"consumer fill shared memory), got stages={constants['STAGES']}, overlap={constants['OVERLAP']}, "
-                f"pingpong={constants['PINGPONG']}"
-            )
-        if ctas is None:
-            ctas = sm_count(qc.device) if qc.is_cuda else OFFLINE_SMS
-        if ctas < 1:
-            raise ValueError(f"ctas must be a positive number of CTAs, got {ctas}")
-        grid = (min(grid[0] * grid[1], ctas),)
     args = (qc, qs, k_desc, v_desc, c_desc, out, o_desc, lse, scale * LOG2E, lq, lk, hq, group, lqp, lkp, nbq,
-            bsz * hq, *out.stride())  # fmt: skip
-    return lse, GluonFwdCall(grid, args, constants)
+            *out.stride())  # fmt: skip
+    if not persistent:
+        return lse, GluonFwdCall(grid, args, constants)
+    if constants["STAGES"] != 2 or not constants["OVERLAP"] or constants["PINGPONG"]:
+        raise ValueError(
+            "persistent=True runs 2 stages with the overlap and without ping-pong (two Q^ buffers per "
+            f"consumer fill shared memory), got stages={constants['STAGES']}, overlap={constants['OVERLAP']}, "
+            f"pingpong={constants['PINGPONG']}"
+        )
+    if ctas is None:
+        ctas = sm_count(qc.device) if qc.is_cuda else OFFLINE_SMS
+    if ctas < 1:
+        raise ValueError(f"ctas must be a positive number of CTAs, got {ctas}")
+    del constants["OVERLAP"], constants["PINGPONG"]
+    return lse, GluonFwdCall((min(grid[0] * grid[1], ctas),), (*args, bsz * hq), constants, persistent=True)
 
 
 def mx_attention_fwd_hopper(
@@ -1008,7 +1081,5 @@ def mx_attention_fwd_hopper(
     """Run the Gluon kernel on pre-pass outputs (the arguments of `gluon_fwd_call`); writes `out`,
     returns lse [B, Hq, Lq]."""
     lse, call = gluon_fwd_call(q_packed, kx, vx, **kwargs)
-    _mx_attention_fwd_hopper_kernel[call.grid](
-        *call.args, **call.constants, num_warps=call.num_warps, enable_fp_fusion=False
-    )
+    call.kernel[call.grid](*call.args, **call.constants, num_warps=call.num_warps, enable_fp_fusion=False)
     return lse

@@ -48,7 +48,7 @@ class Case:
     heads: int = 2
     kernel: str = "tl"  # "gluon": the warp-specialized sm_90 forward (`attention_fwd_hopper`)
     stages: int | None = None  # the Gluon forward's K^ / V^ ring stages (None: its STAGES)
-    persistent: bool = False  # the Gluon forward's persistent launch (`attention_fwd_hopper.PERSIST`)
+    persistent: bool = False  # the Gluon forward's persistent kernel (`gluon_fwd_call(persistent=True)`)
 
     @property
     def label(self) -> str:
@@ -358,7 +358,7 @@ def summarize_gluon(target: Target, case: Case = Case(kernel="gluon")) -> dict:
     )  # fmt: skip
     t0 = time.perf_counter()
     kw = dict(call.constants, num_warps=call.num_warps)
-    compiled, log = compile_offline(hopper._mx_attention_fwd_hopper_kernel, call.args, kw, target)
+    compiled, log = compile_offline(call.kernel, call.args, kw, target)
     seconds = time.perf_counter() - t0
     sass = disassemble(compiled.asm["cubin"])
     tiles = [b for b in _sass_loops(sass) if any(op.startswith("HGMMA") for op in b)]
@@ -377,7 +377,7 @@ def summarize_gluon(target: Target, case: Case = Case(kernel="gluon")) -> dict:
         instructions_per_tile=[len(b) for b in per_tile],
         pv_wait_after_exps=[_last(b, "WARPGROUP.DEPBAR") > _last(b, "MUFU.EX2") for b in per_tile],
         instructions=len(sass), shared=compiled.metadata.shared, stages=call.constants["STAGES"],
-        overlap=call.constants["OVERLAP"], compile_s=round(seconds, 2),
+        overlap=call.constants.get("OVERLAP", True), persistent=call.persistent, compile_s=round(seconds, 2),
     )  # fmt: skip
 
 

@@ -172,10 +172,12 @@ HW_E4M3_CAST: frozenset[str] = frozenset({"sm_90"})
 GLUON_FWD: frozenset[str] = frozenset({"sm_90"})
 
 # Families where the Gluon forward runs as a persistent grid (one CTA per SM walking the 128-row
-# work items, each item's fixed work overlapped with its neighbours': `attention_fwd_hopper.PERSIST`)
-# for calls of at most this many key tiles of 128 without Q smoothing (`persistent_fwd`). sm_90:
-# see benchmarks/NOTES.md, v14-cross.
-GLUON_PERSISTENT_MAX_KEY_TILES: dict[str, int] = {"sm_90": 8}
+# work items, the work between items overlapped: `attention_fwd_hopper`'s persistent kernel) for
+# calls of at most this many key tiles of 128 without Q smoothing (`persistent_fwd`). None yet: on
+# the H200 (Triton 3.6, 2026-12-01) it was bit-identical but slower: kernel alone at (40, 75600,
+# 512) 2.34 -> 2.47 ms, 0.87-0.98x at 1, 2, 16, 32 key tiles, 1.008x at 8, 0.96x at 16k
+# (benchmarks/NOTES.md, v14-cross).
+GLUON_PERSISTENT_MAX_KEY_TILES: dict[str, int] = {}
 
 
 def persistent_fwd(target: Target | None, key_tiles: int, smoothed: bool) -> bool:

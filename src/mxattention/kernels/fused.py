@@ -1,7 +1,8 @@
 """`fused_attention`: pre-pass + attention kernel for one call, executing its `plan.KernelPlan`.
 
 Exposes `fused_attention` (plans the call with `plan.plan_call`, or takes a plan, and runs it),
-`run_plan` (the execution of a dense plan) and `FusedOutput` (O, lse, Q(P~) or None). The plan's
+`run_plan` (the execution of a dense plan, its head chunks on the streams of `plan_streams`) and
+`FusedOutput` (O, lse, Q(P~) or None). The plan's
 predicates and rules (`unsupported_reason`, `scale_reason`, `launch_config`, `kv_heads_per_chunk`,
 the constants) live in `kernels.plan` and are re-exported here for their callers.
 Inputs are [B, H, L, D] (the argument checks of `attention.inputs` are the caller's job).
@@ -149,7 +150,7 @@ def scaled_operands(
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
-def chunk_streams(plan: KernelPlan, device: torch.device) -> list[torch.cuda.Stream | None]:
+def plan_streams(plan: KernelPlan, device: torch.device) -> list[torch.cuda.Stream | None]:
     """The streams chunk i runs on (index i % n): [None] (the current stream, no switch) for a
     one-stream plan or off CUDA; else [the caller's current stream, a side stream of the device]
     (one per device, kept: a stream of torch's pool other than the caller's)."""
@@ -196,7 +197,7 @@ def run_plan(
     # its buffers go back to that stream's pool and chunk i + n reuses them behind its kernel in
     # stream order. The side stream starts after the caller's work so far (the inputs, the means,
     # out / lse allocated), and the caller's stream waits for it before anything reads out or lse.
-    streams = chunk_streams(plan, query.device)
+    streams = plan_streams(plan, query.device)
     if len(streams) > 1:
         streams[1].wait_stream(streams[0])
     held: list[tuple | None] = [None] * len(streams)

@@ -96,7 +96,8 @@ def fused_attention(
     inner loop only multiplies); default "bf16" on the Hopper path (but "packed" where V's padded
     head dim is 32 under Q's 64 on sm_90: `targets.NARROW_V_BROKEN`), "packed" for dot_scaled.
     `kv_chunk_bytes` (bf16 layout): the pre-pass and the kernel run over groups of KV heads whose
-    K^ + V^ take at most this many bytes (at least one head per group); "auto" (default) means
+    K^ + V^ take at most this many bytes (at least one head per group; on two streams, the two
+    groups alive at once, see `chunk_streams`); "auto" (default) means
     max(plan.KV_CHUNK_MIN_BYTES, the packed K/V bytes of the call), None one group. With Q smoothing
     its correction (fp32, 4 ceil(Lq / smooth_q_block) bytes per key and query head) obeys the same bound, on
     either layout. Calls with more than plan.GRID_Y_MAX batch x query heads also run in groups of batches.

@@ -156,6 +156,21 @@ def test_gluon_forward_wgmmas_run_unserialized(builds, spec):
     assert r["partition_registers"]["consumer"] in r["setmaxnreg"], r
 
 
+def test_serialized_wgmmas_are_flagged():
+    """ptxas's serialization notes (C7513 / C7514 / C7515) set wgmma_serialized; other infos do not."""
+    from mxattention.kernels.codegen import wgmma_serialized
+
+    note = (
+        "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized due "
+        "to non wgmma instructions reading accumulator registers of  a wgmma between start and end of the "
+        "pipeline stage in the function '_mx_attention_fwd_hopper_persistent_kernel'"
+    )
+    assert wgmma_serialized(note) and wgmma_serialized(note.replace("C7514", "C7515"))
+    assert wgmma_serialized(note.replace("C7514", "C7513"))
+    assert not wgmma_serialized("ptxas info    : Used 168 registers, used 3 barriers")
+    assert not wgmma_serialized(note.replace("C7514", "C7512"))
+
+
 # The matrix path and tiles from the target Triton reports (no build).
 
 

@@ -372,13 +372,20 @@ def summarize_gluon(target: Target, case: Case = Case(kernel="gluon")) -> dict:
         partition_registers={"consumer": call.constants["CONSUMER_REGS"], "producer": call.constants["PRODUCER_REGS"]},
         setmaxnreg=sorted({int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", compiled.asm["ptx"])}),
         spill_bytes=int(spills[1]) if spills else None,
-        wgmma_serialized=bool(re.search(r"C751[3-5]", log)),
+        wgmma_serialized=wgmma_serialized(log),
         hgmma_per_tile=[sum(op.startswith("HGMMA") for op in b) for b in per_tile],
         instructions_per_tile=[len(b) for b in per_tile],
         pv_wait_after_exps=[_last(b, "WARPGROUP.DEPBAR") > _last(b, "MUFU.EX2") for b in per_tile],
         instructions=len(sass), shared=compiled.metadata.shared, stages=call.constants["STAGES"],
         overlap=call.constants.get("OVERLAP", True), persistent=call.persistent, compile_s=round(seconds, 2),
     )  # fmt: skip
+
+
+def wgmma_serialized(ptxas_log: str) -> bool:
+    """Whether ptxas reports wgmmas serialized (C7513 / C7514 / C7515: a wgmma's registers touched,
+    or a pipeline stage broken, between its issue and its wait; C7514 is what a branch or an
+    mbarrier wait there gave the persistent forward: docs/design.md, 'Persistent items')."""
+    return bool(re.search(r"\(C751[3-5]\)", ptxas_log))
 
 
 def _last(ops: list[str], prefix: str) -> int:

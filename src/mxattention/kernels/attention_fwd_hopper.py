@@ -27,11 +27,6 @@ Structure (one CTA per 128 query rows of one (batch, head)):
 - OVERLAP (intra-warpgroup pipelining): S_{j+1} = Q^ K^_{j+1}^T and P^_j V^_j are both in flight
   while the softmax of tile j + 1 runs; the rescale of O~ by alpha waits for P^_j V^_j, so O~ sees
   the same sequence of operations as in the `tl` kernel.
-- a second kernel, `_mx_attention_fwd_hopper_persistent_kernel` (the plan's `fwd_persistent`;
-  docs/design.md, 'Persistent items'): one CTA per SM walks the 128-row items; the producer's ring
-  runs across items, and each consumer overlaps the work between two items (next Q^ decoded into
-  its second buffer under the last P^ V^, next S_0 issued before the epilogue, the O store left in
-  flight). Bit-identical, measured slower on the H200: no plan picks it yet.
 """
 
 from __future__ import annotations
@@ -42,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from mxattention.kernels import targets
-from mxattention.kernels._triton import sm_count, tl, triton
+from mxattention.kernels._triton import tl, triton
 from mxattention.kernels.cast import block_scale, elem_round
 from mxattention.kernels.rules import KERNEL_ELEMS
 from mxattention.kernels.targets import Target, current_target, hw_e4m3_cast
@@ -82,8 +77,6 @@ CORR_MMA = True
 # descriptor and its dtype is 2 bytes (the tile then fits in the consumer's Q^ buffer; docs/design.md,
 # 'O by TMA store').
 OUT_TMA = True
-# The grid of a persistent launch where the tensors are not on a GPU (offline builds): the H200's SMs.
-OFFLINE_SMS = 132
 
 
 if triton is not None:
@@ -139,73 +132,16 @@ if HAS_GLUON:
         value for value `cast.dequant_mx` (exact: codes x 2**e fit bf16; E4M3 below 2**-124 rounds
         as there)."""
         R: gl.constexpr = q_smem.type.shape[0]
-        c, scale = _q_hat_load(Qc, Qs, q_row0, R, DQ, QK_ELEM)
-        _q_hat_store(c, scale, q_smem, QK_ELEM, False)
-
-    @gluon.jit
-    def _q_hat_load(Qc, Qs, q_row0, R: gl.constexpr, DQ: gl.constexpr, QK_ELEM: gl.constexpr):
-        """(codes, E8M0 bytes) of Q^ rows [q_row0, q_row0 + R) as int32 [R, DQ] each, one per element
-        (E2M1: the byte holding its nibble), in `_q_hat_store`'s layout."""
         io: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
         rows = (q_row0 + gl.arange(0, R, layout=gl.SliceLayout(1, io))).to(gl.int64)[:, None]
         cols = gl.arange(0, DQ, layout=gl.SliceLayout(0, io))[None, :]
         scale = gl.load(Qs + rows * (DQ // 32) + cols // 32).to(gl.int32)
         if QK_ELEM == "e4m3":
             c = gl.load(Qc + rows * DQ + cols).to(gl.int32)
-        else:
-            c = gl.load(Qc + rows * (DQ // 2) + cols // 2).to(gl.int32)
-        return c, scale
-
-    @gluon.jit
-    def _q_hat_load_words(Qc, Qs, q_row0, R: gl.constexpr, DQ: gl.constexpr, QK_ELEM: gl.constexpr):
-        """(codes, E8M0 bytes) of Q^ rows [q_row0, q_row0 + R), few registers (they stay live while
-        the last P^ V^ is issued): [R, DQ / 8] of 32-bit words of codes (E2M1: 8 nibbles; E4M3: the
-        low half of 8 bytes, then [..., 1] the high half in a second tensor) and the E8M0 byte of
-        each word's 8 elements (`_q_hat_store_words` decodes them)."""
-        lw: gl.constexpr = gl.BlockedLayout([1, 1, 8], [4, 8, 1], [gl.num_warps(), 1, 1], [2, 1, 0])
-        l2: gl.constexpr = gl.SliceLayout(2, lw)
-        rows = (q_row0 + gl.arange(0, R, layout=gl.SliceLayout(1, l2))).to(gl.int64)[:, None]
-        cg = gl.arange(0, DQ // 8, layout=gl.SliceLayout(0, l2))[None, :]
-        words = Qc.to(gl.pointer_type(gl.int32))
-        scale = gl.load(Qs + rows * (DQ // 32) + cg // 4)
-        if QK_ELEM == "e4m3":
-            lo = gl.load(words + rows * (DQ // 4) + 2 * cg)
-            hi = gl.load(words + rows * (DQ // 4) + 2 * cg + 1)
-        else:
-            lo = gl.load(words + rows * (DQ // 8) + cg)
-            hi = lo
-        return lo, hi, scale
-
-    @gluon.jit
-    def _q_hat_store_words(lo, hi, scale, q_smem, QK_ELEM: gl.constexpr):
-        """`_q_hat_store` of `_q_hat_load_words`'s words: element 8 w + i of a row is nibble i of word
-        w (E2M1, little-endian: byte i // 2, low nibble first, as `_q_hat_load` reads it) or byte i
-        of the word pair (E4M3); the same values, so the same bf16 Q^."""
-        R: gl.constexpr = lo.shape[0]
-        W: gl.constexpr = lo.shape[1]
-        lw: gl.constexpr = lo.type.layout.parent
-        i = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, lw)))[None, None, :]
-        if QK_ELEM == "e4m3":
-            word = gl.where(i < 4, gl.expand_dims(lo, 2), gl.expand_dims(hi, 2))
-            c = (word >> ((i & 3) * 8)) & 255
-        else:
-            c = (gl.expand_dims(lo, 2) >> (i * 4)) & 15
-        s3, _ = gl.broadcast(gl.expand_dims(scale.to(gl.int32), 2), c)
-        _q_hat_store(gl.reshape(c, [R, W * 8]), gl.reshape(s3, [R, W * 8]), q_smem, QK_ELEM, True)
-
-    @gluon.jit
-    def _q_hat_store(c, scale, q_smem, QK_ELEM: gl.constexpr, NIBBLES: gl.constexpr):
-        """Q^ = code value x 2**(scale - 127) in bf16 into q_smem (see `_q_hat_to_smem`; NIBBLES:
-        E2M1 codes already taken out of their bytes), then a fence and a barrier of this partition:
-        every thread's part is in shared memory before the wgmmas read it."""
-        DQ: gl.constexpr = c.shape[1]
-        cols = gl.arange(0, DQ, layout=gl.SliceLayout(0, c.type.layout))[None, :]
-        if QK_ELEM == "e4m3":
             v = (((c & 127) << 20) | ((c & 128) << 24)).to(gl.float32, bitcast=True)
             GAP: gl.constexpr = 120
         else:
-            if not NIBBLES:
-                c = (c >> ((cols & 1) * 4)) & 15
+            c = (gl.load(Qc + rows * (DQ // 2) + cols // 2).to(gl.int32) >> ((cols & 1) * 4)) & 15
             h = ((c & 7) << 9) | ((c & 8) << 12)
             v = h.to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
             GAP: gl.constexpr = 14
@@ -215,37 +151,12 @@ if HAS_GLUON:
         g = gl.where(scale == 255, float("nan"), _exp2_int(gl.maximum(e + GAP - 127, 0)))
         q_smem.store((v * f * g).to(gl.bfloat16))
         fence_async_shared()
-        _cta_barrier()
+        _cta_barrier()  # every thread's part of Q^ is in shared memory before the wgmmas read it
 
     @gluon.jit
     def _exp2_int(e):
         """`cast.exp2_int`: 2**e in fp32 for int32 e in [-127, 127]."""
         return gl.where(e >= -126, (e + 127) << 23, 0x400000).to(gl.float32, bitcast=True)
-
-    @gluon.jit
-    def _produce_tile(k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, g, kv_row,
-                      c_row, LKP, start_n, STAGES: gl.constexpr, SMOOTH: gl.constexpr):  # fmt: skip
-        """TMA K^ / V^ rows [kv_row, kv_row + BN) into ring slot g % STAGES (g: the ring position)
-        once both consumers released it (a fresh barrier passes the parity-1 wait); SMOOTH (0 none,
-        1 row, 2 parts): also keys [start_n, start_n + BN) of correction row c_row, on K^'s barrier:
-        by TMA as fp32 (1), or in three bf16 parts written by this warp (2, `_corr_parts`)."""
-        BN: gl.constexpr = k_desc.block_type.shape[0]
-        slot = g % STAGES
-        phase = ((g // STAGES) & 1) ^ 1
-        mbarrier.wait(k_empty.index(slot), phase)
-        if SMOOTH == 1:
-            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes + c_desc.block_type.nbytes)
-            _tma_load(c_desc, [c_row, start_n], k_ready.index(slot), c_smem.index(slot))
-        else:
-            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        _tma_load(k_desc, [kv_row, 0], k_ready.index(slot), k_smem.index(slot))
-        if SMOOTH == 2:
-            c_smem.index(slot).store(_corr_parts(c_desc, c_row, LKP, start_n, BN))
-            fence_async_shared()  # the generic-proxy stores before the wgmma (async proxy) reads them
-            mbarrier.arrive(k_ready.index(slot))  # the barrier's second arrival (init count 2)
-        mbarrier.wait(v_empty.index(slot), phase)
-        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        _tma_load(v_desc, [kv_row, 0], v_ready.index(slot), v_smem.index(slot))
 
     @gluon.jit
     def _producer(k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, kv_row0,
@@ -272,31 +183,6 @@ if HAS_GLUON:
             mbarrier.wait(v_empty.index(slot), phase)
             mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
             _tma_load(v_desc, [kv_row0 + j * BN, 0], v_ready.index(slot), v_smem.index(slot))
-
-    @gluon.jit
-    def _producer_persistent(k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
-                             H, GROUP, LKP, NBQ, n_m, n_items, n_tiles, STAGES: gl.constexpr, SMOOTH: gl.constexpr,
-                             SMOOTH_Q_BLOCK: gl.constexpr):  # fmt: skip
-        """The persistent kernel's producer: the key tiles of every item of this CTA (`_item`) in turn, the ring position g
-        running across items, so item i + 1's first tiles land while the consumers finish item i."""
-        BN: gl.constexpr = k_desc.block_type.shape[0]
-        g = 0
-        for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
-            bh, b, h, row0 = _item(t, n_m, H)
-            kv_row0 = (b * (H // GROUP) + h // GROUP) * LKP  # GQA: the kv head, no copy
-            c_row = bh * NBQ + row0 // gl.maximum(SMOOTH_Q_BLOCK, 1)
-            for j in range(n_tiles):
-                _produce_tile(k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty,
-                              v_empty, g, kv_row0 + j * BN, c_row, LKP, j * BN, STAGES, SMOOTH)  # fmt: skip
-                g += 1
-
-    @gluon.jit
-    def _item(t, n_m, H):
-        """(b H + h, b, h, first query row) of work item t: query tile t % n_m of head t // n_m
-        (consecutive items share a head, so CTAs running together share its K^ / V^ in L2)."""
-        bh = t // n_m
-        b = bh // H
-        return bh, b, bh - b * H, (t - bh * n_m) * 128
 
     @gluon.jit
     def _corr_parts(Corr, c_row, LKP, start_n, BN: gl.constexpr):
@@ -366,18 +252,18 @@ if HAS_GLUON:
         return m_new, alpha, l, p
 
     @gluon.jit
-    def _overlap_step(j, g, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
+    def _overlap_step(j, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
                       turn_mine, turn_other, zero, Lk, qk_scale, mma: gl.constexpr, dot_a: gl.constexpr,
                       PNQ: gl.constexpr, CEIL: gl.constexpr, Q_EXP: gl.constexpr, Q_MANT: gl.constexpr,
                       P_ELEM: gl.constexpr, P_CVT: gl.constexpr, STAGES: gl.constexpr, ME: gl.constexpr,
                       PINGPONG: gl.constexpr, MASKED: gl.constexpr, SMOOTH: gl.constexpr):  # fmt: skip
-        """Key tile j >= 1 (at ring position g) with the overlap: S_j and P^_{j-1} V^_{j-1} in flight
-        together, the softmax of S_j under the latter; then O~ (P^_{j-1} V^_{j-1} added) times alpha_j."""
+        """Key tile j >= 1 with the overlap: S_j and P^_{j-1} V^_{j-1} in flight together, the
+        softmax of S_j under the latter; then O~ (P^_{j-1} V^_{j-1} added) times alpha_j."""
         BN: gl.constexpr = k_smem.type.shape[1]
-        slot = g % STAGES
-        prev = (g - 1) % STAGES
-        mbarrier.wait(k_ready.index(slot), (g // STAGES) & 1)
-        mbarrier.wait(v_ready.index(prev), ((g - 1) // STAGES) & 1)
+        slot = j % STAGES
+        prev = (j - 1) % STAGES
+        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
         if PINGPONG:
             mbarrier.wait(turn_mine, (j & 1) ^ (1 - ME))
         s = _qk(q_smem, k_smem, c_smem, slot, zero, SMOOTH)
@@ -471,13 +357,13 @@ if HAS_GLUON:
             o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
             for j in range(1, n_full):
                 m, l, o_tilde, p = _overlap_step(
-                    j, j, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
+                    j, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
                     turn_mine, turn_other, zero, Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM,
                     P_CVT, STAGES, ME, PINGPONG, False, SMOOTH,
                 )  # fmt: skip
             for j in range(gl.maximum(n_full, 1), n_tiles):
                 m, l, o_tilde, p = _overlap_step(
-                    j, j, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
+                    j, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
                     turn_mine, turn_other, zero, Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM,
                     P_CVT, STAGES, ME, PINGPONG, True, SMOOTH,
                 )  # fmt: skip
@@ -502,23 +388,11 @@ if HAS_GLUON:
                     Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, STAGES, True, SMOOTH,
                 )  # fmt: skip
 
-        _epilogue(o_tilde, l, m, q_smem, Out, Lse, o_desc, b, h, row0, lq, out_base, lse_base, stride_om, stride_od,
-                  mma, OUT_MAX, O_TMA)  # fmt: skip
-        if O_TMA:
-            tma.store_wait(pendings=0)  # q_smem stays allocated until the store has read it
-
-    @gluon.jit
-    def _epilogue(o_tilde, l, m, q_smem, Out, Lse, o_desc, b, h, row0, lq, out_base, lse_base, stride_om,
-                  stride_od, mma: gl.constexpr, OUT_MAX: gl.constexpr, O_TMA: gl.constexpr):  # fmt: skip
-        """O = O~ / l and lse of rows [row0, row0 + R) of head (b, h): O_TMA: through q_smem (free:
-        every wgmma that read it has been waited for) and one TMA store of o_desc, left in flight
-        (the caller's `tma.store_wait` before q_smem is written again), else by gl.store."""
-        R: gl.constexpr = q_smem.type.shape[0]
-        DV: gl.constexpr = o_tilde.shape[1]
         out, lse = _finish(o_tilde, gl.convert_layout(l, gl.SliceLayout(1, mma)),
                            gl.convert_layout(m, gl.SliceLayout(1, mma)), OUT_MAX)  # fmt: skip
         rows = row0 + gl.arange(0, R, layout=gl.SliceLayout(1, mma))
         if O_TMA:
+            # q_smem is free: every wgmma that read it has been waited for.
             o_smem = _smem_as(q_smem, o_desc.dtype, [R, DV], q_smem.type.layout)
             o_smem.store(out.to(o_desc.dtype))
             fence_async_shared()
@@ -529,126 +403,8 @@ if HAS_GLUON:
             optr = Out + out_base + rows[:, None].to(gl.int64) * stride_om + cols[None, :] * stride_od
             gl.store(optr, out.to(Out.dtype.element_ty), mask=(rows[:, None] < lq) & (cols[None, :] < DV))
         gl.store(Lse + lse_base + rows, lse, mask=rows < lq)
-
-    @gluon.jit
-    def _first_tile(q_smem, k_smem, c_smem, k_ready, g, zero, STAGES: gl.constexpr, SMOOTH: gl.constexpr):
-        """Issue S_0 = Q^ K^_0^T of an item (ring position g) once K^_0 has landed."""
-        slot = g % STAGES
-        mbarrier.wait(k_ready.index(slot), (g // STAGES) & 1)
-        return _qk(q_smem, k_smem, c_smem, slot, zero, SMOOTH)
-
-    @gluon.jit
-    def _first_softmax(s, k_smem, k_empty, g, zero, o_zero, Lk, qk_scale, mma: gl.constexpr, dot_a: gl.constexpr,
-                       PNQ: gl.constexpr, CEIL: gl.constexpr, Q_EXP: gl.constexpr, Q_MANT: gl.constexpr,
-                       P_ELEM: gl.constexpr, P_CVT: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
-        """(m, l, O~, P^) after an item's tile 0, S_0 = s issued at ring position g: wait for it,
-        release K^_0, softmax from m = -inf, l = 0, O~ = 0 alpha (the `tl` kernel's first tile: 0 x
-        alpha keeps a NaN alpha's NaN)."""
-        R: gl.constexpr = zero.shape[0]
-        BN: gl.constexpr = zero.shape[1]
-        slot = g % STAGES
-        s, _k_done = warpgroup_mma_wait(0, deps=[s, k_smem.index(slot)])
-        mbarrier.arrive(k_empty.index(slot))
-        # m and l in the layout the block-max reduction gives (that of the `tl` kernel's m and l).
-        m = gl.max(
-            gl.max(gl.reshape(gl.full([R, BN], float("-inf"), gl.float32, mma), [R, BN // 32, 32]), 2), 1
-        )
-        m, alpha, l, p = _softmax(
-            s, m, gl.zeros_like(m), 0, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, True
-        )
-        o_tilde = o_zero * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
-        return m, l, o_tilde, p
-
-    @gluon.jit
-    def _consumer_persistent(Qc, Qs, Out, Lse, q_bufs, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
-                             Lq, Lk, H, LQP, n_m, n_items, n_tiles, qk_scale, stride_ob, stride_oh, stride_om,
-                             stride_od, DQ: gl.constexpr, PNQ: gl.constexpr, CEIL: gl.constexpr,
-                             Q_EXP: gl.constexpr, Q_MANT: gl.constexpr, P_ELEM: gl.constexpr, P_CVT: gl.constexpr,
-                             QK_ELEM: gl.constexpr, OUT_MAX: gl.constexpr, STAGES: gl.constexpr, ME: gl.constexpr,
-                             SMOOTH: gl.constexpr, o_desc, O_TMA: gl.constexpr):  # fmt: skip
-        """The persistent kernel's consumer: rows [64 ME, 64 ME + 64) of each of this CTA's work items (`_item`: t = pid,
-        pid + programs, ...), every item computed as `_consumer` computes it (the same bits), with
-        the work between items overlapped: Q^ of item i + 1 is decoded into the other buffer of
-        q_bufs [2, 64, DQ] while item i's last P^ V^ runs; item i + 1's S_0 is issued before
-        item i's epilogue, which runs under it and leaves its TMA store in flight (waited for
-        before that buffer takes item i + 2's Q^). Ring position g = k n_tiles + j for key tile j
-        of this CTA's k-th item, as the producer counts (docs/design.md, 'Persistent items')."""
-        R: gl.constexpr = q_bufs.type.shape[1]
-        BN: gl.constexpr = k_smem.type.shape[1]
-        DV: gl.constexpr = v_smem.type.shape[2]
-        mma: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16]
-        )
-        dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-        zero = gl.zeros([R, BN], gl.float32, mma)
-        o_zero = gl.zeros([R, DV], gl.float32, mma)
-        n_full = Lk // BN  # tiles whose keys are all valid: no select on their scores
-        pid = gl.program_id(0)
-        step = gl.num_programs(0)
-        bh, b, h, row0 = _item(pid, n_m, H)
-        _q_hat_to_smem(Qc, Qs, bh.to(gl.int64) * LQP + row0 + ME * R, q_bufs.index(0), DQ, QK_ELEM)
-        s0 = _first_tile(q_bufs.index(0), k_smem, c_smem, k_ready, 0, zero, STAGES, SMOOTH)
-        m, l, o_tilde, p = _first_softmax(s0, k_smem, k_empty, 0, zero, o_zero, Lk, qk_scale, mma, dot_a, PNQ, CEIL,
-                                          Q_EXP, Q_MANT, P_ELEM, P_CVT, STAGES)  # fmt: skip
-        k = 0
-        for t in range(pid, n_items, step):
-            bh, b, h, row0 = _item(t, n_m, H)
-            row0 = row0 + ME * R
-            g0 = k * n_tiles
-            q_smem = q_bufs.index(k % 2)
-            t_next = t + step
-            for j in range(1, n_full):
-                m, l, o_tilde, p = _overlap_step(
-                    j, g0 + j, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty,
-                    v_empty, k_ready, k_ready, zero, Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM,
-                    P_CVT, STAGES, ME, False, False, SMOOTH,
-                )  # fmt: skip
-            for j in range(gl.maximum(n_full, 1), n_tiles):
-                m, l, o_tilde, p = _overlap_step(
-                    j, g0 + j, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty,
-                    v_empty, k_ready, k_ready, zero, Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM,
-                    P_CVT, STAGES, ME, False, True, SMOOTH,
-                )  # fmt: skip
-            g_last = g0 + n_tiles - 1
-            last = g_last % STAGES
-            out_base = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-            if t_next < n_items:
-                # Item k + 1's Q^ codes requested before the waits and the last P^ V^ (loaded at the
-                # start of the key loop instead, the call took 1.7 % longer: benchmarks/NOTES.md, v14-cross).
-                bh1, _b1, _h1, row1 = _item(t_next, n_m, H)
-                qlo, qhi, qs1 = _q_hat_load_words(
-                    Qc, Qs, bh1.to(gl.int64) * LQP + row1 + ME * R, R, DQ, QK_ELEM
-                )
-                # From the last P^ V^'s issue to its wait no branch (no mbarrier wait either: K^ of
-                # the next item's tile 0 is waited for first): across one, ptxas serializes the
-                # wgmmas (C7514, the epilogue reading O~ while S_0 runs).
-                g1 = g0 + n_tiles
-                mbarrier.wait(v_ready.index(last), (g_last // STAGES) & 1)
-                mbarrier.wait(k_ready.index(g1 % STAGES), (g1 // STAGES) & 1)
-                o_acc = warpgroup_mma(p, v_smem.index(last), o_tilde, is_async=True)
-                q_next = q_bufs.index((k + 1) % 2)
-                if O_TMA:
-                    tma.store_wait(pendings=0)  # item k - 1's O has left q_next
-                    _cta_barrier()  # (one thread issued that store and waited for it)
-                fence_async_shared()  # q_next was last read through the async proxy
-                _q_hat_store_words(qlo, qhi, qs1, q_next, QK_ELEM)
-                s1 = _qk(q_next, k_smem, c_smem, g1 % STAGES, zero, SMOOTH)
-                o_last, _v_last, _p_last = warpgroup_mma_wait(1, deps=[o_acc, v_smem.index(last), p])
-                mbarrier.arrive(v_empty.index(last))
-                _epilogue(o_last, l, m, q_smem, Out, Lse, o_desc, b, h, row0, Lq, out_base, bh.to(gl.int64) * Lq,
-                          stride_om, stride_od, mma, OUT_MAX, O_TMA)  # fmt: skip
-                m, l, o_tilde, p = _first_softmax(s1, k_smem, k_empty, g1, zero, o_zero, Lk, qk_scale, mma, dot_a,
-                                                  PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, STAGES)  # fmt: skip
-            else:
-                mbarrier.wait(v_ready.index(last), (g_last // STAGES) & 1)
-                o_acc_end = warpgroup_mma(p, v_smem.index(last), o_tilde, is_async=True)
-                o_end, _v_end, _p_end = warpgroup_mma_wait(0, deps=[o_acc_end, v_smem.index(last), p])
-                mbarrier.arrive(v_empty.index(last))
-                _epilogue(o_end, l, m, q_smem, Out, Lse, o_desc, b, h, row0, Lq, out_base, bh.to(gl.int64) * Lq,
-                          stride_om, stride_od, mma, OUT_MAX, O_TMA)  # fmt: skip
-            k += 1
         if O_TMA:
-            tma.store_wait(pendings=0)  # the buffers stay allocated until the last stores have read them
+            tma.store_wait(pendings=0)  # q_smem stays allocated until the store has read it
 
     @gluon.jit
     def _mx_attention_fwd_hopper_kernel(
@@ -753,99 +509,6 @@ if HAS_GLUON:
             [CONSUMER_REGS, PRODUCER_REGS],
         )  # fmt: skip
 
-    @gluon.jit
-    def _mx_attention_fwd_hopper_persistent_kernel(
-        Qc,
-        Qs,
-        k_desc,
-        v_desc,
-        c_desc,
-        Out,
-        o_desc,
-        Lse,
-        qk_scale,
-        Lq,
-        Lk,
-        H,
-        GROUP,
-        LQP,
-        LKP,
-        NBQ,
-        stride_ob,
-        stride_oh,
-        stride_om,
-        stride_od,
-        N_BH,
-        DQ: gl.constexpr,
-        PNQ: gl.constexpr,
-        CEIL: gl.constexpr,
-        Q_EXP: gl.constexpr,
-        Q_MANT: gl.constexpr,
-        P_ELEM: gl.constexpr,
-        P_CVT: gl.constexpr,
-        QK_ELEM: gl.constexpr,
-        OUT_MAX: gl.constexpr,
-        STAGES: gl.constexpr,
-        CONSUMER_REGS: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr,
-        SMOOTH_Q_BLOCK: gl.constexpr,
-        CORR_MMA: gl.constexpr,
-        O_TMA: gl.constexpr,
-    ):
-        BN: gl.constexpr = k_desc.block_type.shape[0]
-        DV: gl.constexpr = v_desc.block_type.shape[1]
-        R: gl.constexpr = 64
-        q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([R, DQ], gl.bfloat16)
-        # Two Q^ buffers per consumer: item i + 1's Q^ beside item i's O.
-        q0 = gl.allocate_shared_memory(gl.bfloat16, [2, R, DQ], q_layout)
-        q1 = gl.allocate_shared_memory(gl.bfloat16, [2, R, DQ], q_layout)
-        k_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, DQ], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, DV], v_desc.layout)
-        # Q smoothing's correction Corr [B Hq NBQ, LKP] (fp32): this CTA's rows lie in one block.
-        SMOOTH: gl.constexpr = 0 if SMOOTH_Q_BLOCK == 0 else (2 if CORR_MMA else 1)
-        if SMOOTH == 1:
-            c_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BN], c_desc.layout)
-        elif SMOOTH == 2:
-            parts: gl.constexpr = gl.NVMMASharedLayout.get_default_for([16, BN], gl.bfloat16)
-            c_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 16, BN], parts)
-        else:
-            c_smem = k_smem  # never read
-        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_ready.index(i), count=2 if SMOOTH == 2 else 1)  # + the producer's parts
-            mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)  # one arrive per consumer partition
-            mbarrier.init(v_empty.index(i), count=2)
-        n_tiles = (Lk + BN - 1) // BN
-        n_m = LQP // (2 * R)
-        n_items = n_m * N_BH
-        gl.warp_specialize(
-            [
-                (
-                    _consumer_persistent,
-                    (Qc, Qs, Out, Lse, q0, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, Lq, Lk,
-                     H, LQP, n_m, n_items, n_tiles, qk_scale, stride_ob, stride_oh, stride_om, stride_od, DQ,
-                     PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, 0, SMOOTH, o_desc,
-                     O_TMA),
-                ),
-                (
-                    _consumer_persistent,
-                    (Qc, Qs, Out, Lse, q1, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, Lq, Lk,
-                     H, LQP, n_m, n_items, n_tiles, qk_scale, stride_ob, stride_oh, stride_om, stride_od, DQ,
-                     PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, 1, SMOOTH, o_desc,
-                     O_TMA),
-                ),
-                (_producer_persistent, (k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready,
-                                        k_empty, v_empty, H, GROUP, LKP, NBQ, n_m, n_items, n_tiles, STAGES,
-                                        SMOOTH, SMOOTH_Q_BLOCK)),
-            ],
-            [4, 1],
-            [CONSUMER_REGS, PRODUCER_REGS],
-        )  # fmt: skip
-
 
 def gluon_fwd_reason(
     *,
@@ -905,21 +568,13 @@ def fwd_kernel_for(target: Target | None, reason: str | None, requested: str | N
 
 @dataclass(frozen=True)
 class GluonFwdCall:
-    """One launch of a Gluon kernel (`kernel`): grid, positional arguments, constexprs, warps (the
-    default partition's: consumer 0)."""
+    """One launch of the Gluon kernel: grid, positional arguments, constexprs, warps (the default
+    partition's: consumer 0)."""
 
-    grid: tuple[int, ...]  # (query tiles, B Hq), or (CTAs,) for a persistent launch
+    grid: tuple[int, int]
     args: tuple
     constants: dict
     num_warps: int = 4
-    persistent: bool = False  # `_mx_attention_fwd_hopper_persistent_kernel` (args + B Hq), else the other
-
-    @property
-    def kernel(self):
-        """The Gluon kernel this launch runs."""
-        return (
-            _mx_attention_fwd_hopper_persistent_kernel if self.persistent else _mx_attention_fwd_hopper_kernel
-        )
 
 
 def _out_desc(out: torch.Tensor) -> TensorDescriptor | None:
@@ -963,8 +618,6 @@ def gluon_fwd_call(
     stages: int | None = None,
     overlap: bool | None = None,
     pingpong: bool | None = None,
-    persistent: bool = False,
-    ctas: int | None = None,
 ) -> tuple[torch.Tensor, GluonFwdCall]:
     """(lse [B, Hq, Lq], the launch) for pre-pass outputs: Q^ = (codes [B, Hq, LQP, DQ/2] (E4M3:
     [.., DQ]), E8M0 bytes [B, Hq, LQP, DQ/32]), K^ [B, Hkv, LKP, 128] and V^ [B, Hkv, LKP, 128]
@@ -972,10 +625,7 @@ def gluon_fwd_call(
     them; smooth_q = (corr [B, Hq, ceil(Lq / block), LKP] fp32 contiguous, block): Q smoothing's
     correction (`smoothing.smoothing_correction`), block a multiple of 128. p_cvt None: the hardware E4M3 cast where `targets.HW_E4M3_CAST` lists the target;
     stages / overlap / pingpong None: the module's STAGES / OVERLAP / PINGPONG (experiments pass
-    others; PINGPONG needs OVERLAP). `persistent` (the plan's `KernelPlan.fwd_persistent`): one CTA
-    per SM walks the 128-row work items with their fixed work overlapped (`_mx_attention_fwd_hopper_persistent_kernel`; 2 stages, the
-    overlap, no ping-pong: docs/design.md, 'Persistent items'); `ctas` (tests, experiments) its
-    grid instead of min(work items, SMs)."""
+    others; PINGPONG needs OVERLAP)."""
     qc, qs = q_packed
     bsz, hq, lqp, _ = qc.shape
     hk, lkp = kx.shape[1], kx.shape[2]
@@ -1056,23 +706,9 @@ def gluon_fwd_call(
     )
     o_desc = _out_desc(out)
     constants["O_TMA"] = o_desc is not None
-    grid = (lqp // BLOCK_M, bsz * hq)
     args = (qc, qs, k_desc, v_desc, c_desc, out, o_desc, lse, scale * LOG2E, lq, lk, hq, group, lqp, lkp, nbq,
             *out.stride())  # fmt: skip
-    if not persistent:
-        return lse, GluonFwdCall(grid, args, constants)
-    if constants["STAGES"] != 2 or not constants["OVERLAP"] or constants["PINGPONG"]:
-        raise ValueError(
-            "persistent=True runs 2 stages with the overlap and without ping-pong (two Q^ buffers per "
-            f"consumer fill shared memory), got stages={constants['STAGES']}, overlap={constants['OVERLAP']}, "
-            f"pingpong={constants['PINGPONG']}"
-        )
-    if ctas is None:
-        ctas = sm_count(qc.device) if qc.is_cuda else OFFLINE_SMS
-    if ctas < 1:
-        raise ValueError(f"ctas must be a positive number of CTAs, got {ctas}")
-    del constants["OVERLAP"], constants["PINGPONG"]
-    return lse, GluonFwdCall((min(grid[0] * grid[1], ctas),), (*args, bsz * hq), constants, persistent=True)
+    return lse, GluonFwdCall((lqp // BLOCK_M, bsz * hq), args, constants)
 
 
 def mx_attention_fwd_hopper(
@@ -1081,5 +717,7 @@ def mx_attention_fwd_hopper(
     """Run the Gluon kernel on pre-pass outputs (the arguments of `gluon_fwd_call`); writes `out`,
     returns lse [B, Hq, Lq]."""
     lse, call = gluon_fwd_call(q_packed, kx, vx, **kwargs)
-    call.kernel[call.grid](*call.args, **call.constants, num_warps=call.num_warps, enable_fp_fusion=False)
+    _mx_attention_fwd_hopper_kernel[call.grid](
+        *call.args, **call.constants, num_warps=call.num_warps, enable_fp_fusion=False
+    )
     return lse

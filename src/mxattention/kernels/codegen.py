@@ -48,7 +48,6 @@ class Case:
     heads: int = 2
     kernel: str = "tl"  # "gluon": the warp-specialized sm_90 forward (`attention_fwd_hopper`)
     stages: int | None = None  # the Gluon forward's K^ / V^ ring stages (None: its STAGES)
-    persistent: bool = False  # the Gluon forward's persistent kernel (`gluon_fwd_call(persistent=True)`)
 
     @property
     def label(self) -> str:
@@ -56,16 +55,7 @@ class Case:
         method = f", {self.method}" if self.method != "mxattention" else ""
         gluon = ", gluon" if self.kernel == "gluon" else ""
         stages = f", {self.stages} stages" if self.stages else ""
-        persistent = ", persistent" if self.persistent else ""
-        return (
-            f"D {self.head_dim}"
-            + (", causal" if self.causal else "")
-            + path
-            + method
-            + gluon
-            + stages
-            + persistent
-        )
+        return f"D {self.head_dim}" + (", causal" if self.causal else "") + path + method + gluon + stages
 
 
 @dataclass(frozen=True)
@@ -327,7 +317,7 @@ def _label_loops(lines: list[str], label_re: str, branch_re: str) -> list[list[s
 def summarize_gluon(target: Target, case: Case = Case(kernel="gluon")) -> dict:
     """Build the Gluon forward (`attention_fwd_hopper`) for `case` (bf16 K^ / V^, D 128, the method's
     P~ ladder, rule and PNQ) and read it: registers at launch and per partition (the setmaxnreg
-    values: consumer 0, consumer 1, producer), spills, wgmma serialization (ptxas C7513 / C7514 / C7515),
+    values: consumer 0, consumer 1, producer), spills, wgmma serialization (ptxas C7513 / C7515),
     HGMMA and SASS instructions per key tile of each consumer's loop, whether each loop's last
     wgmma wait (the one for P^_{j-1} V^_{j-1}) comes after its last exp2 (the product runs under
     the whole softmax), shared memory."""
@@ -354,11 +344,11 @@ def summarize_gluon(target: Target, case: Case = Case(kernel="gluon")) -> dict:
         p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=cfg.pnq, scale=d**-0.5, p_elem=cfg.p.elem,
         qk_elem=cfg.q.elem, p_cvt=cfg.p.elem == "e4m3" and hw_e4m3_cast(target),
         smooth_q=(torch.empty(1, h, -(-n // cfg.smooth_q_block), n), cfg.smooth_q_block) if cfg.smooth_q else None,
-        stages=case.stages, persistent=case.persistent,
+        stages=case.stages,
     )  # fmt: skip
     t0 = time.perf_counter()
     kw = dict(call.constants, num_warps=call.num_warps)
-    compiled, log = compile_offline(call.kernel, call.args, kw, target)
+    compiled, log = compile_offline(hopper._mx_attention_fwd_hopper_kernel, call.args, kw, target)
     seconds = time.perf_counter() - t0
     sass = disassemble(compiled.asm["cubin"])
     tiles = [b for b in _sass_loops(sass) if any(op.startswith("HGMMA") for op in b)]
@@ -377,7 +367,7 @@ def summarize_gluon(target: Target, case: Case = Case(kernel="gluon")) -> dict:
         instructions_per_tile=[len(b) for b in per_tile],
         pv_wait_after_exps=[_last(b, "WARPGROUP.DEPBAR") > _last(b, "MUFU.EX2") for b in per_tile],
         instructions=len(sass), shared=compiled.metadata.shared, stages=call.constants["STAGES"],
-        overlap=call.constants.get("OVERLAP", True), persistent=call.persistent, compile_s=round(seconds, 2),
+        overlap=call.constants["OVERLAP"], compile_s=round(seconds, 2),
     )  # fmt: skip
 
 
@@ -397,10 +387,9 @@ TARGETS_BY_NAME = {t.name: t for t in (*MX_TARGETS, SM_90A)}
 
 
 def parse_spec(spec: str) -> tuple[Target, Case]:
-    """A build named as TARGET[/dHEAD_DIM][/causal][/bf16|/dot_scaled][/METHOD][/gluon[/sSTAGES][/persistent]],
-    e.g. "sm_120a/d128/causal", "sm_100a/d128/mxattention-pv8" (a preset's name), "sm_90a/gluon"
-    (the Gluon forward, `summarize_gluon`), "sm_90a/mxattention-pv8-smooth/gluon/s3" or
-    "sm_90a/gluon/persistent" (its persistent launch)."""
+    """A build named as TARGET[/dHEAD_DIM][/causal][/bf16|/dot_scaled][/METHOD][/gluon[/sSTAGES]], e.g.
+    "sm_120a/d128/causal", "sm_100a/d128/mxattention-pv8" (a preset's name), "sm_90a/gluon"
+    (the Gluon forward, `summarize_gluon`) or "sm_90a/mxattention-pv8-smooth/gluon/s3"."""
     from mxattention.attention.config import PRESETS
 
     name, *parts = spec.split("/")
@@ -420,11 +409,9 @@ def parse_spec(spec: str) -> tuple[Target, Case]:
             kw["kernel"] = "gluon"
         elif re.fullmatch(r"s\d", part):
             kw["stages"] = int(part[1:])
-        elif part == "persistent":
-            kw["persistent"] = True
         else:
             raise ValueError(
-                f"build {spec!r}: {part!r} is not dN, causal, bf16, dot_scaled, gluon, sN, persistent or a preset"
+                f"build {spec!r}: {part!r} is not dN, causal, bf16, dot_scaled, gluon, sN or a preset"
             )
     return TARGETS_BY_NAME[name], Case(**kw)
 

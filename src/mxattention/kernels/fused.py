@@ -279,7 +279,6 @@ def _run_chunk(
         lse[bs, qh] = mx_attention_fwd_hopper(
             qp, kp, vp, lq=lq, lk=lk, group=group, out=out[bs, qh], p_rule=plan.p_rule,
             pnq=plan.pnq, scale=plan.scale, p_elem=plan.p_elem, qk_elem=qe, p_cvt=plan.p_cvt, smooth_q=smooth,
-            persistent=plan.fwd_persistent,
         )  # fmt: skip
         return qp, kp, vp, smooth
     dbg_chunk = None if dbg is None else torch.zeros_like(dbg[bs, qh])

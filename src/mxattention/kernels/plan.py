@@ -39,7 +39,6 @@ from mxattention.kernels.targets import (
     matrix_path_for,
     narrow_v,
     native_mx,
-    persistent_fwd,
 )
 
 MAX_HEAD_DIM = 256
@@ -298,7 +297,6 @@ class KernelPlan:
     refusal: str | None = None  # why the kernels cannot compute the call wherever they run
     target: Target | None = None
     fwd_kernel: str = "tl"
-    fwd_persistent: bool = False  # the Gluon forward as a persistent grid (targets.persistent_fwd)
     matrix_path: str = ""
     kv_layout: str = ""
     block_m: int = 0
@@ -366,7 +364,6 @@ class KernelPlan:
             tiles = (
                 f"BM {hopper.BLOCK_M} x BN {hopper.BLOCK_N}, 2 consumer warpgroups + 1 producer warp, "
                 f"{hopper.STAGES} K^/V^ stages"
-                + (", persistent (one CTA per SM walks the 128-row items)" if self.fwd_persistent else "")
             )
         lines = [
             head,
@@ -461,8 +458,6 @@ def plan_call(
     )  # fmt: skip
     fwd = fwd_hopper.fwd_kernel_for(target, gluon_reason, fwd_kernel)
     dp, dvp = padded_dim(d), padded_dim(dv)
-    lk_all = key.shape[2] if varlen is None else key.shape[0]
-    persistent = fwd == "gluon" and persistent_fwd(target, -(-lk_all // 128), blk > 0)
     if varlen is None:
         b, hq, lq = query.shape[:3]
         hk, lk = key.shape[1], key.shape[2]
@@ -521,7 +516,6 @@ def plan_call(
         None,
         target,
         fwd_kernel=fwd,
-        fwd_persistent=persistent,
         matrix_path=path,
         kv_layout=layout,
         block_m=bm,

@@ -171,23 +171,6 @@ HW_E4M3_CAST: frozenset[str] = frozenset({"sm_90"})
 # (`plan.plan_call` asks `attention_fwd_hopper.fwd_kernel_for`, which reads this.)
 GLUON_FWD: frozenset[str] = frozenset({"sm_90"})
 
-# Families where the Gluon forward runs as a persistent grid (one CTA per SM walking the 128-row
-# work items, the work between items overlapped: `attention_fwd_hopper`'s persistent kernel) for
-# calls of at most this many key tiles of 128 without Q smoothing (`persistent_fwd`). None yet: on
-# the H200 (Triton 3.6, 2026-12-01) it was bit-identical but slower: kernel alone at (40, 75600,
-# 512) 2.34 -> 2.47 ms, 0.87-0.98x at 1, 2, 16, 32 key tiles, 1.008x at 8, 0.96x at 16k
-# (benchmarks/NOTES.md, v14-cross).
-GLUON_PERSISTENT_MAX_KEY_TILES: dict[str, int] = {}
-
-
-def persistent_fwd(target: Target | None, key_tiles: int, smoothed: bool) -> bool:
-    """Whether a Gluon forward call of `key_tiles` tiles of 128 keys runs persistent on `target`
-    (`GLUON_PERSISTENT_MAX_KEY_TILES`); Q smoothing calls do not (its build spills 48 bytes of
-    scalars outside the key loop, untimed)."""
-    if target is None or smoothed:
-        return False
-    return key_tiles <= GLUON_PERSISTENT_MAX_KEY_TILES.get(target.family, 0)
-
 
 # Family -> the least share of the one-stream launches' wave slots that two streams must recover
 # for a call's head chunks to run on them by default: half-size chunks alternately on the caller's

@@ -317,7 +317,7 @@ def _label_loops(lines: list[str], label_re: str, branch_re: str) -> list[list[s
 def summarize_gluon(target: Target, case: Case = Case(kernel="gluon")) -> dict:
     """Build the Gluon forward (`attention_fwd_hopper`) for `case` (bf16 K^ / V^, D 128, the method's
     P~ ladder, rule and PNQ) and read it: registers at launch and per partition (the setmaxnreg
-    values: consumer 0, consumer 1, producer), spills, wgmma serialization (ptxas C7513 / C7515),
+    values: consumer 0, consumer 1, producer), spills, wgmma serialization (ptxas C7513 / C7514 / C7515),
     HGMMA and SASS instructions per key tile of each consumer's loop, whether each loop's last
     wgmma wait (the one for P^_{j-1} V^_{j-1}) comes after its last exp2 (the product runs under
     the whole softmax), shared memory."""
@@ -374,7 +374,7 @@ def summarize_gluon(target: Target, case: Case = Case(kernel="gluon")) -> dict:
 def wgmma_serialized(ptxas_log: str) -> bool:
     """Whether ptxas reports wgmmas serialized (C7513 / C7514 / C7515: a wgmma's registers touched,
     or a pipeline stage broken, between its issue and its wait; C7514 is what a branch or an
-    mbarrier wait there gave the persistent forward: docs/design.md, 'Persistent items')."""
+    mbarrier wait there gave the persistent forward tried in benchmarks/NOTES.md's v14-cross)."""
     return bool(re.search(r"\(C751[3-5]\)", ptxas_log))
 
 

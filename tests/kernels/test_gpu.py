@@ -158,6 +158,43 @@ def test_gluon_q_pass_equals_mx_quantize(case, rule, monkeypatch):
     assert torch.equal(codes, slow[0]) and torch.equal(scales, slow[1])
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # torch's butterflies overflow to Inf, as the kernel's
+@pytest.mark.parametrize("case", ["ragged", "long", "nonfinite"])
+def test_gluon_q_pass_with_smoothing_equals_tl_kernel(case, monkeypatch):
+    """Q smoothing on the Gluon Q^ pass: fp32 x - qm of each row's 128-row block before the
+    rotation, bit for bit mx_quantize(rotate(q - qm)) and the `tl` pass's bytes; a ragged last
+    block (its padding rows: zero codes, scale byte 127), "long": each persistent program's TMA ring
+    wraps around over tiles of many blocks, "nonfinite": NaN / Inf rows (their blocks' means too)."""
+    from mxattention.attention.operands import q_block_mean_rows
+    from mxattention.formats.mx import mx_quantize
+    from mxattention.kernels import prepass_hopper
+    from mxattention.kernels.prepass import prepass_qk, qk_pass
+    from mxattention.rotation import rotate
+
+    if torch.cuda.get_device_capability() != (9, 0) or not prepass_hopper.HAS_GLUON:
+        pytest.skip("the Gluon pass runs on sm_90")
+    g = torch.Generator(device="cuda").manual_seed(len(case))
+    b, h, n = {"long": (1, 40, 8200)}.get(case, (2, 3, 1000))
+    chan = torch.exp(2 * torch.randn(128, device="cuda", generator=g))
+    x = (torch.randn((b, h, n, 128), device="cuda", generator=g) + 3.0) * chan
+    x[..., 9::50, :] = -0.0
+    if case == "nonfinite":
+        x[0, 0, 3, 5], x[0, 1, 40, 1], x[1, 2, 999, 0] = float("nan"), float("inf"), -float("inf")
+    x = x.bfloat16()
+    qm = q_block_mean_rows(x, 128)
+    lp = -(-n // 128) * 128
+    assert qk_pass(x, lp, hadamard=True, out_bf16=False, elem="e2m1", smoothed=True).kernel == "gluon"
+    codes, scales = prepass_qk(x, "uos", hadamard=True, q_mean=(qm, 128))
+    assert not prepass_hopper._broken
+    per_row = qm.repeat_interleave(128, dim=-2)[..., :n, :]
+    ref = mx_quantize(rotate(x.float() - per_row), axis=-1, rule="uos")
+    assert torch.equal(codes[..., :n, :], ref.data) and torch.equal(scales[..., :n, :], ref.scales)
+    assert (codes[..., n:, :] == 0).all() and (scales[..., n:, :] == 127).all()
+    monkeypatch.setattr(prepass_hopper, "usable_q", lambda *a, **k: False)
+    slow = prepass_qk(x, "uos", hadamard=True, q_mean=(qm, 128))
+    assert torch.equal(codes, slow[0]) and torch.equal(scales, slow[1])
+
+
 @triton.jit
 def _e4m3_mismatches(Count, First, start, n, BLOCK: tl.constexpr):
     """Counts the fp32 bit patterns start .. start + n - 1 where the hardware and the generic E4M3

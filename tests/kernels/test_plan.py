@@ -87,6 +87,24 @@ def test_forward_kernel_is_chosen_in_the_plan(monkeypatch):
         plan.plan_call(cfg, q, k, v, scale=0.1, is_causal=True, fwd_kernel="gluon")
 
 
+def test_smoothed_q_pass_is_gluon_only_for_one_chunk(monkeypatch):
+    """Q smoothing's Q^ pass: the Gluon kernel (where `usable_q` takes Q) for a call of one head /
+    batch chunk, the `tl` kernel for several (plan.SMOOTH_Q_GLUON_MAX_CHUNKS, measured on the H200);
+    pv8's unsmoothed Q^ pass stays Gluon either way."""
+    from mxattention.kernels import prepass_hopper
+
+    _on(monkeypatch, targets.SM_90A)
+    monkeypatch.setattr(prepass_hopper, "usable_q", lambda *a, **k: True)
+    q, k, v = qkv(1, 4, 4, 256, 256, 128)
+    smooth = get_method("mxattention-pv8-smooth")
+    one = plan.plan_call(smooth, q, k, v, scale=0.1)
+    assert len(one.chunks) == 1 and one.chunks[0].q_pass.kernel == "gluon"
+    many = plan.plan_call(smooth, q, k, v, scale=0.1, kv_chunk_bytes=1)  # one KV head per chunk
+    assert len(many.chunks) == 4 and all(c.q_pass.kernel == "tl" for c in many.chunks)
+    pv8 = plan.plan_call(get_method("mxattention-pv8"), q, k, v, scale=0.1, kv_chunk_bytes=1)
+    assert len(pv8.chunks) == 4 and all(c.q_pass.kernel == "gluon" for c in pv8.chunks)
+
+
 def test_reasons_in_todays_words(monkeypatch):
     """plan.reason is what unsupported_reason, then scale_reason, then varlen_reason say; a plan the
     kernels cannot compute has nothing else, and fused_attention raises its reason."""

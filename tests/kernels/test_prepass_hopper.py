@@ -36,8 +36,9 @@ _BUILD = textwrap.dedent(
         consts = dict(BL=rows, DP=ph.HEAD_DIM, STAGES=ph.STAGES, ROT_LEVELS=7, ROT_NORM=128**-0.5, **rule)
         options = dict(num_warps=warps)
     else:
-        fn, ptrs = ph._q_packed_kernel, {"Scales": "*u8"}
-        consts = dict(NORM=128**-0.5, FOLD_E_MAX=122, STAGES=ph.Q_STAGES, **rule)
+        fn, ptrs = ph._q_packed_kernel, {"Scales": "*u8", "QM": "*fp32"}
+        smooth = 128 if sys.argv[3:] == ["smooth"] else 0
+        consts = dict(NORM=128**-0.5, FOLD_E_MAX=122, STAGES=ph.Q_STAGES, SMOOTH=smooth, **rule)
         options = dict(num_warps=ph.Q_WARPS, maxnreg=ph.Q_MAXNREG)
     names = list(inspect.signature(fn.fn).parameters)
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in names}
@@ -87,8 +88,10 @@ def test_k_pass_builds_with_short_key_tiles():
     assert info["cp_async"] > 0  # 16-byte copies: the strides' alignment was proven
 
 
-def test_q_pass_builds_for_sm90():
-    info = _build("q", "*bf16")
+@pytest.mark.parametrize("smooth", [False, True])
+def test_q_pass_builds_for_sm90(smooth):
+    """Also with Q smoothing (each tile's qm row loaded and subtracted before the rotation)."""
+    info = _build("q", "*bf16", *(["smooth"] if smooth else []))
     # Row tiles come by TMA (one 5-d box per tile) and their codes leave by TMA (a 4-d box); the
     # programs that fill an SM fit its registers and its 228 KiB of shared memory.
     assert info["tma"] > 0 and info["tma_store"] > 0 and info["regs"] <= prepass_hopper.Q_MAXNREG
@@ -240,8 +243,18 @@ def test_prepass_qk_hands_the_q_kernel_its_arguments(recorders):
     assert list(desc.block_shape) == [1, 1, rows, 2, 32]
     assert codes_desc.base.data_ptr() == codes.data_ptr() and codes_desc.base.dtype == torch.int32
     assert list(codes_desc.shape) == [2, 3, 256, 16] and list(codes_desc.block_shape) == [1, 1, rows, 16]
-    assert args == [scales, 3, 256, 256 // rows]
+    assert args[:4] == [scales, 3, 256, 256 // rows] and args[5:] == [200, 1]  # (QM unread)
     kwargs = calls[1][2]
     assert kwargs["NORM"] == pytest.approx(128**-0.5) and kwargs["STAGES"] == prepass_hopper.Q_STAGES
-    assert kwargs["FOLD_E_MAX"] == prepass.fold_e_max(128**-0.5)
+    assert kwargs["FOLD_E_MAX"] == prepass.fold_e_max(128**-0.5) and kwargs["SMOOTH"] == 0
     assert kwargs["num_warps"] == prepass_hopper.Q_WARPS and kwargs["maxnreg"] == prepass_hopper.Q_MAXNREG
+    # Q smoothing: the means (made contiguous), the query length, blocks per head, the block.
+    qm = torch.zeros(2, 3, 2, 128).transpose(0, 1).contiguous().transpose(0, 1)
+    prepass.prepass_qk(x, "ocp", hadamard=True, q_mean=(qm, 128))
+    args, kwargs = list(calls[-1][1][4:]), calls[-1][2]
+    assert (
+        args[3].is_contiguous()
+        and torch.equal(args[3], qm)
+        and args[4:] == [200, 2]
+        and kwargs["SMOOTH"] == 128
+    )

@@ -11,7 +11,8 @@ operands exist), and the predicates and rules the plan is made of: `unsupported_
 `fused.fused_attention` and `fused_varlen.fused_varlen_attention` execute a plan; the custom ops
 (`kernels.op`, `kernels.varlen_op`) ask `plan.reason` whether the kernels serve a call;
 `mxattention bench --plan` prints it. Per-architecture tuning is frozen data in `kernels.targets`
-(`FWD_TILES`, `HW_E4M3_CAST`, `GLUON_FWD`: read by `attention_fwd_hopper.fwd_kernel_for`) and `kernels.prepass` (`PREPASS_TILES`). The
+(`FWD_TILES`, `HW_E4M3_CAST`, `GLUON_FWD`: read by `attention_fwd_hopper.fwd_kernel_for`), `kernels.prepass` (`PREPASS_TILES`) and
+here (`SMOOTH_Q_GLUON_MAX_CHUNKS`). The
 arguments are the caller's, checked once at the boundary (`attention.inputs`,
 `attention.varlen`); a plan checks only the kernel options (matrix path, K/V layout, chunk bytes).
 """
@@ -269,6 +270,14 @@ def chunk_streams_for(
     return 2 if requested == 2 and chunks >= 2 and kv_heads >= 2 else 1
 
 
+# Q smoothing's Q^ pass is the Gluon one (`prepass_hopper`: each tile subtracts its block's mean row)
+# only for calls of at most this many head / batch chunks, as measured on the H200 (benchmarks/NOTES.md,
+# v14-smooth, two alternating rounds): one chunk (40 heads x 75600 queries, 512 keys) -2.4 % per call
+# against the `tl` pass, four half chunks on two streams (40 x 16384) +2.5 %; the cause is not
+# isolated, so the many-chunk calls (16k, HunyuanVideo, Wan 75k) keep the `tl` pass.
+SMOOTH_Q_GLUON_MAX_CHUNKS = 1
+
+
 @dataclass(frozen=True)
 class ChunkPlan:
     """Batches [b0, b1) x KV heads [h0, h1) (and their query heads): pre-pass and kernel run for one
@@ -498,7 +507,9 @@ def plan_call(
         qx, kx, vx = query, key, value
     else:  # the [1, heads, total, D] views the varlen passes read
         qx, kx, vx = (x.permute(1, 0, 2)[None] for x in (query, key, value))
-    q_pass = qk_pass(qx, lqp, hadamard=cfg.hadamard, out_bf16=False, elem=qe, smoothed=blk > 0)
+    n_chunks = -(-b // bstep) * -(-hk // step)
+    gluon_q = not blk or n_chunks <= SMOOTH_Q_GLUON_MAX_CHUNKS
+    q_pass = qk_pass(qx, lqp, hadamard=cfg.hadamard, out_bf16=False, elem=qe, smoothed=blk > 0, gluon=gluon_q)
     k_pass = qk_pass(kx, lkp, hadamard=cfg.hadamard, out_bf16=wide, elem=qe, smoothed=False)
     v_passes: dict[int, PassPlan] = {}
     chunks = []

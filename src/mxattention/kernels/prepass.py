@@ -371,15 +371,23 @@ def _tile(key: str, lp: int) -> tuple[int, int]:
 
 
 def qk_pass(
-    x: torch.Tensor, lp: int, *, hadamard: bool, out_bf16: bool, elem: str, smoothed: bool
+    x: torch.Tensor,
+    lp: int,
+    *,
+    hadamard: bool,
+    out_bf16: bool,
+    elem: str,
+    smoothed: bool,
+    gluon: bool = True,
 ) -> PassPlan:
-    """The Q^ / K^ pass of x [B, H, L, D] padded to lp rows: the Gluon kernels where
-    `prepass_hopper.usable` (bf16 K^) / `usable_q` (packed Q^) take x (E2M1, no smoothing), else the
+    """The Q^ / K^ pass of x [B, H, L, D] padded to lp rows: the Gluon kernels where `gluon` and
+    `prepass_hopper.usable` (bf16 K^, not smoothed) / `usable_q` (packed Q^, Q smoothing too) take x
+    (E2M1), else the
     `tl` kernel, with each row in one thread except where its loads cost more than its
     instructions save (bf16 output at DP = 128) or a row is too long for one thread (DP = 256)."""
     out = "bf16" if out_bf16 else ("e4m3" if elem == "e4m3" else "packed")
-    gluon = elem == "e2m1" and not smoothed
-    if gluon and out_bf16 and prepass_hopper.usable(x, lp, hadamard):
+    gluon = gluon and elem == "e2m1"
+    if gluon and out_bf16 and not smoothed and prepass_hopper.usable(x, lp, hadamard):
         return PassPlan("gluon", "", out)
     if gluon and not out_bf16 and prepass_hopper.usable_q(x, lp, hadamard):
         return PassPlan("gluon", "", out)
@@ -455,7 +463,7 @@ def prepass_qk(
         if out_bf16 and prepass_hopper.prepass_k_bf16(x, codes, lp, levels, norm, _rule_args(rule)):
             return codes
         if not out_bf16 and prepass_hopper.prepass_q_packed(
-            x, codes, scales, lp, norm, fold_e_max(norm), _rule_args(rule)
+            x, codes, scales, lp, norm, fold_e_max(norm), _rule_args(rule), q_mean
         ):
             return codes, scales
         pass_plan = qk_pass(

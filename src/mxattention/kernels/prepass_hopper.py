@@ -18,7 +18,9 @@ layouts could not get right for these passes (benchmarks/NOTES.md, v6a, v7, v9):
   while this one is cast, and needs no registers), and the codes leave through shared memory by
   TMA: global loads straight into the row layout had each warp's 16-byte loads touch 32 lines,
   and their latency was the pass's largest stall. 72-74 % of the copy bandwidth on the H200 (64 %
-  with those loads, 55 % for the `tl` kernel).
+  with those loads, 55 % for the `tl` kernel). With Q smoothing each tile loads its 128-row
+  block's mean row (a lane's 64 contiguous floats, the same for all its rows) and subtracts it in
+  fp32 before the rotation, as the `tl` pass does.
 
 Both are used by `prepass.prepass_qk` on sm_90 only (where they were measured), for head dim 128;
 Gluon is experimental, so a Triton that cannot build one falls back to the `tl` kernel with one
@@ -247,12 +249,16 @@ if HAS_GLUON:
         H,
         L_PAD,
         n_tiles,
+        QM,
+        L,
+        NB,
         NORM: gl.constexpr,
         FOLD_E_MAX: gl.constexpr,
         CEIL: gl.constexpr,
         Q_EXP: gl.constexpr,
         Q_MANT: gl.constexpr,
         STAGES: gl.constexpr,
+        SMOOTH: gl.constexpr = 0,
     ):
         # Program (p, bh) takes row tiles p, p + P, ... of head bh. desc reads x [B, H, L, 128] as
         # int32 words [B, H, L, 2, 32] (bf16 pairs; a half row per [2] index), in boxes of
@@ -291,7 +297,21 @@ if HAS_GLUON:
             _fetch_q_tile(desc, buf.index(st), bars.index(st), b, h, tile + STAGES * n_p, n_tiles)
             i += 1
             lo, hi = bf16_pair_floats(w)
-            x = hadamard_rows(gl.reshape(gl.join(lo, hi), [2 * BL, 64]), 2 * BL, 64, 6, 1.0)
+            x = gl.reshape(gl.join(lo, hi), [BL, 2, 64])  # (row, half, element of the half)
+            if SMOOTH > 0:
+                # Q smoothing, as `prepass._qk_prepass_kernel`: fp32 x - qm of the block of SMOOTH
+                # rows that holds this tile (QM [B * H, NB, 128]); each thread loads the 64
+                # contiguous floats of its half row (16-byte loads, the same for every row); rows
+                # past L back to +0.0 (tiles past the last block too).
+                blk = gl.minimum((tile * BL) // SMOOTH, NB - 1)
+                o = _tile_offsets(1, 64, vals_l)
+                qm = gl.load(QM + (bh.to(gl.int64) * NB + blk) * 128 + o)
+                x = x - gl.convert_layout(qm, x.type.layout)
+                if tile * BL + BL > L:
+                    r = tile * BL + gl.arange(0, BL, layout=gl.SliceLayout(1, gl.SliceLayout(2, vals_l)))
+                    keep = (r < L)[:, None, None] & (o < 128)
+                    x = gl.where(gl.convert_layout(keep, x.type.layout), x, 0.0)
+            x = hadamard_rows(gl.reshape(x, [2 * BL, 64]), 2 * BL, 64, 6, 1.0)
             # The last level pairs (j, j + 64): the first half's lane keeps a + b, the second's a - b.
             x = gl.fma(gl.reshape(x, [BL, 2, 64]), sign, _partner_lane(gl.reshape(x, [BL, 2, 64])))
             words, scales = cast_packed(
@@ -405,10 +425,12 @@ def prepass_q_packed(
     rot_norm: float,
     fold_e_max: int,
     rule_args: dict,
+    q_mean: tuple[torch.Tensor, int] | None = None,
 ) -> bool:
     """Rotated, packed Q^ of bf16 x [B, H, L, 128] into codes [B, H, lp, 64] and scales
-    [B, H, lp, 4] (uint8); False (nothing written) if this Triton cannot build the kernel."""
-    b, h, _, _ = x.shape
+    [B, H, lp, 4] (uint8); False (nothing written) if this Triton cannot build the kernel.
+    `q_mean` = (qm [B, H, ceil(L / block), 128] fp32, block): Q smoothing, as `prepass.prepass_qk`."""
+    b, h, n, _ = x.shape
     rows = 16 * Q_WARPS
     words = x.view(torch.int32).unflatten(-1, (2, 32))  # bf16 pairs, a half row per index of [2]
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=5)
@@ -420,7 +442,14 @@ def prepass_q_packed(
     codes_desc = TensorDescriptor(
         code_words, list(code_words.shape), list(code_words.stride()), [1, 1, rows, 16], out_layout
     )
-    args = (desc, codes_desc, scales, h, lp, n_tiles)
-    consts = dict(NORM=rot_norm, FOLD_E_MAX=fold_e_max, STAGES=Q_STAGES, **rule_args)
+    if q_mean is None:
+        qm, block = scales, 0  # (QM is never read)
+    else:
+        qm, block = q_mean[0].contiguous(), q_mean[1]
+        assert (
+            block % rows == 0 and qm.shape == (b, h, -(-n // block), HEAD_DIM) and qm.dtype == torch.float32
+        )
+    args = (desc, codes_desc, scales, h, lp, n_tiles, qm, n, qm.shape[2] if block else 1)
+    consts = dict(NORM=rot_norm, FOLD_E_MAX=fold_e_max, STAGES=Q_STAGES, SMOOTH=block, **rule_args)
     options = dict(num_warps=Q_WARPS, maxnreg=Q_MAXNREG)
     return _launch("q_packed", _q_packed_kernel, (per_head, b * h), args, consts, options, x.dtype)

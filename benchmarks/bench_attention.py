@@ -297,6 +297,7 @@ def markdown(report) -> str:
         "",
         f"- date: {report['date']}; torch {report['torch']}, triton {report['triton']}, python {report['python']}",
         f"- command: `{report['command']}`",
+        *([f"- sources: {report['sources']}"] if report.get("sources") else []),
         "- B = 1, non-causal, bf16 inputs; TFLOP/s = 4 Lq Lk D H / t; extra = peak memory beyond the inputs;"
         " copy and pre-pass rows are CUDA graph replays (device time), prepass_eager the same calls launched"
         " from Python"
@@ -340,6 +341,28 @@ def markdown(report) -> str:
                 else f"{ms('reference') / ms('mx_full'):.0f}x |"
             )
         )
+    presets = [s for s in report["shapes"] if "mx_pv8" in s["rows"] or "mx_pv8_smooth" in s["rows"]]
+    if presets:
+        lines += [
+            "",
+            "Issue 16's presets (same run): `mxattention-pv8` (P~ and V in MXFP8 E4M3) and "
+            "`mxattention-pv8-smooth` (the same with Q smoothing)",
+            "",
+            "| shape | pv8 / cuDNN speed | pv8 vs full | pv8-smooth / cuDNN speed | pv8-smooth vs pv8 |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for s in presets:
+            r = s["rows"]
+
+            def ms(n, r=r):
+                return r.get(n, {}).get("ms", math.nan)
+
+            lines.append(
+                f"| {s['label']} | {ms('sdpa_cudnn') / ms('mx_pv8'):.2f}x | "
+                f"{100 * (ms('mx_pv8') / ms('mx_full') - 1):+.1f} % | "
+                f"{ms('sdpa_cudnn') / ms('mx_pv8_smooth'):.2f}x | "
+                f"{100 * (ms('mx_pv8_smooth') / ms('mx_pv8') - 1):+.1f} % |"
+            )
     if report.get("sweep"):
         lines += [
             "",

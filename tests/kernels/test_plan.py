@@ -181,6 +181,26 @@ def test_no_experiment_switch_in_the_kernel():
     assert "ablate" not in inspect.signature(attention_fwd.fwd_calls).parameters
 
 
+def test_benchmark_report_states_the_presets_cost():
+    """bench_attention's markdown gives issue 16's presets their own table: pv8 against the full
+    method and cuDNN, pv8-smooth against pv8, from the same run's rows."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_attention", ROOT / "benchmarks" / "bench_attention.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = {n: {"ms": t, "tflops": 1.0, "extra_mib": 0.0} for n, t in (
+        ("sdpa_cudnn", 8.0), ("mx_full", 10.0), ("mx_pv8", 10.5), ("mx_pv8_smooth", 11.55),
+    )}  # fmt: skip
+    report = dict(gpu="g", date="d", torch="t", triton="tr", python="p", command="c", sources="main abc",
+                  shapes=[dict(label="s16k", H=1, Lq=1, Lk=1, D=128, rows=rows)])  # fmt: skip
+    md = bench.markdown(report)
+    assert "- sources: main abc" in md
+    assert "| s16k | 0.76x | +5.0 % | 0.69x | +10.0 % |" in md
+    del rows["mx_pv8"], rows["mx_pv8_smooth"]
+    assert "pv8 vs full" not in bench.markdown(report)
+
+
 def test_benchmark_uncast_variant(device):
     """benchmarks/bench_attention.py's kernel without the P~ cast computes softmax(Q^ K^T s) V^
     (its own build: the production kernel still casts)."""

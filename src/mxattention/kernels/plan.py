@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from mxattention.attention.config import AttentionConfig
-from mxattention.kernels._triton import HAS_TRITON, kernels_interpreted
+from mxattention.kernels._triton import HAS_TRITON, kernels_interpreted, sm_count
 from mxattention.kernels.prepass import PassPlan, padded_dim, padded_len, qk_pass, v_pass, varlen_v_len
 from mxattention.kernels.rules import KERNEL_ELEMS, rule_constants
 from mxattention.kernels.targets import (
@@ -278,6 +278,16 @@ def chunk_streams_for(
 SMOOTH_Q_GLUON_MAX_CHUNKS = 1
 
 
+def _chunk_ranges(b: int, bstep: int, hk: int, step: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """The ([b0, b1), [h0, h1)) batch x KV-head ranges of chunks of at most bstep batches and
+    step KV heads, batches outermost (the order the chunks run in)."""
+    return [
+        ((b0, min(b, b0 + bstep)), (h0, min(hk, h0 + step)))
+        for b0 in range(0, b, bstep)
+        for h0 in range(0, hk, step)
+    ]
+
+
 @dataclass(frozen=True)
 class ChunkPlan:
     """Batches [b0, b1) x KV heads [h0, h1) (and their query heads): pre-pass and kernel run for one
@@ -486,15 +496,11 @@ def plan_call(
     bstep = max(1, GRID_Y_MAX // (step * group))
     streams = 1
     if varlen is None:
-        pairs = [
-            (min(b, b0 + bstep) - b0) * (min(hk, h0 + step) - h0)
-            for b0 in range(0, b, bstep)
-            for h0 in range(0, hk, step)
-        ]
+        pairs = [(bs[1] - bs[0]) * (hs[1] - hs[0]) for bs, hs in _chunk_ranges(b, bstep, hk, step)]
         gain = 0.0
         if chunk_streams is None and fwd == "gluon" and query.is_cuda:  # one CTA per SM
-            sms = torch.cuda.get_device_properties(query.device).multi_processor_count
-            gain = recoverable_waves([n * group * (lqp // fwd_hopper.BLOCK_M) for n in pairs], sms)
+            ctas = [n * group * (lqp // fwd_hopper.BLOCK_M) for n in pairs]
+            gain = recoverable_waves(ctas, sm_count(query.device))
         streams = chunk_streams_for(chunk_streams, target, query.is_cuda, len(pairs), step, gain)
     if streams == 2:
         # Half the one-stream chunk, balanced: two alive at once hold at most what one did
@@ -507,19 +513,17 @@ def plan_call(
         qx, kx, vx = query, key, value
     else:  # the [1, heads, total, D] views the varlen passes read
         qx, kx, vx = (x.permute(1, 0, 2)[None] for x in (query, key, value))
-    n_chunks = -(-b // bstep) * -(-hk // step)
-    gluon_q = not blk or n_chunks <= SMOOTH_Q_GLUON_MAX_CHUNKS
+    ranges = _chunk_ranges(b, bstep, hk, step)
+    gluon_q = not blk or len(ranges) <= SMOOTH_Q_GLUON_MAX_CHUNKS
     q_pass = qk_pass(qx, lqp, hadamard=cfg.hadamard, out_bf16=False, elem=qe, smoothed=blk > 0, gluon=gluon_q)
     k_pass = qk_pass(kx, lkp, hadamard=cfg.hadamard, out_bf16=wide, elem=qe, smoothed=False)
     v_passes: dict[int, PassPlan] = {}
     chunks = []
-    for b0 in range(0, b, bstep):
-        for h0 in range(0, hk, step):
-            bs, hs = (b0, min(b, b0 + bstep)), (h0, min(hk, h0 + step))
-            heads = (bs[1] - bs[0]) * (hs[1] - hs[0])
-            if heads not in v_passes:
-                v_passes[heads] = v_pass(vx, lvp, out_bf16=wide, elem=cfg.v.elem, heads=heads)
-            chunks.append(ChunkPlan(bs, hs, q_pass, k_pass, v_passes[heads]))
+    for bs, hs in ranges:
+        heads = (bs[1] - bs[0]) * (hs[1] - hs[0])
+        if heads not in v_passes:
+            v_passes[heads] = v_pass(vx, lvp, out_bf16=wide, elem=cfg.v.elem, heads=heads)
+        chunks.append(ChunkPlan(bs, hs, q_pass, k_pass, v_passes[heads]))
     pr = rule_constants(cfg.p.rule, cfg.p.elem)
     return KernelPlan(
         cfg.name,

@@ -79,7 +79,7 @@ def test_correction_bits_do_not_depend_on_the_launch(dtype, device):
     blocks (ragged tiles), 200 keys: every batch / head chunk (`fused` splits by memory) and any key
     tiles per program, warps and stages give the whole default call's bits; on CUDA any tile shape
     too (each value the same k16 MMA steps; the interpreter's numpy dot sums in an order that
-    depends on the matrix shape, so there the default tile shape, a function of nb and lkp only)."""
+    depends on the matrix shape, so there the default tile shape, a function of nb only)."""
     g = torch.Generator().manual_seed(4)
     d, nb, lk, lkp = 128, 70, 200, 256
     qm = ((torch.randn(2, 4, nb, d, generator=g) + 2.0) * torch.exp(torch.randn(d, generator=g))).to(device)
@@ -88,7 +88,7 @@ def test_correction_bits_do_not_depend_on_the_launch(dtype, device):
     for bs, kv in ((slice(0, 1), slice(0, 2)), (slice(1, 2), slice(1, 2)), (slice(0, 2), slice(0, 1))):
         qh = slice(kv.start * 2, kv.stop * 2)
         assert torch.equal(smoothing_correction(qm[bs, qh], k[bs, kv], lkp), whole[bs, qh]), (bs, kv)
-    t = corr_tiles(nb, lkp, 1 if dtype == torch.bfloat16 else 2)
+    t = corr_tiles(nb)
     shapes = [(t.blocks, t.keys)]
     if device == "cuda":
         shapes += [(64, 64), (128, 64)] + ([(64, 128), (128, 128)] if dtype == torch.bfloat16 else [])

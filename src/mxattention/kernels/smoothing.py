@@ -119,9 +119,9 @@ class CorrTiles:
     stages: int
 
 
-def corr_tiles(nb: int, lkp: int, kparts: int) -> CorrTiles:
-    """The tiles of a correction with nb query blocks, lkp keys, keys in `kparts` bf16 parts: 16 to
-    64 blocks (an MMA's rows) x 64 keys, 8 key tiles per program (16 from 256 blocks up), 4 warps,
+def corr_tiles(nb: int) -> CorrTiles:
+    """The tiles of a correction with nb query blocks (a function of nb only, so that every head or
+    batch chunk of a call takes the same tiles, whatever its keys or their dtype): 16 to 64 blocks (an MMA's rows) x 64 keys, 8 key tiles per program (16 from 256 blocks up), 4 warps,
     3 stages. H200 sweep (benchmarks/results/smooth_gluon_h200.md, v14): per 16k chunk 0.098 ms
     against 0.127 for one tile of 128 keys per program (a fresh qm split per tile), 75k 0.203 / 0.267."""
     blocks = min(64, max(16, triton.next_power_of_2(max(1, nb))))
@@ -141,7 +141,7 @@ def smoothing_correction(
     hk, lk = k.shape[1], k.shape[2]
     corr = torch.empty((b, hq, nb, lkp), dtype=torch.float32, device=qm.device)
     kparts = correction_parts(k.dtype)
-    t = corr_tiles(nb, lkp, kparts) if tiles is None else tiles
+    t = corr_tiles(nb) if tiles is None else tiles
     grid = (-(-lkp // (t.keys * t.key_tiles)), -(-nb // t.blocks), b * hq)
     # The interpreter's bf16 dot is wrong (Triton 3.9); the parts are exact in fp32 too, so it
     # multiplies them in fp32 (products exact either way).

@@ -3,7 +3,8 @@
 Exposes `HAS_TRITON`, `triton`, `tl` (None when Triton is missing), `kernels_interpreted()` and
 `sm_count(device)` (the SMs that launch grids are sized against).
 Triton decides at decoration time (the module import) whether a kernel is compiled or runs on its
-CPU interpreter (TRITON_INTERPRET=1), so the kernels, not the environment, are asked which it is.
+CPU interpreter (TRITON_INTERPRET=1), so a kernel decorated here, not the environment, is asked
+which it is.
 """
 
 from __future__ import annotations
@@ -19,15 +20,22 @@ except ImportError:  # the CPU install without the `gpu` extra
     HAS_TRITON = False
 
 
+if HAS_TRITON:
+
+    @triton.jit
+    def _probe():
+        """Decorated on import, before any kernel (every kernel module imports this one): what
+        Triton made of it, it made of them."""
+        pass
+
+
 def kernels_interpreted() -> bool:
-    """True when this process's kernels were built for the CPU interpreter (imports them)."""
+    """True when this process's kernels were built for the CPU interpreter."""
     if not HAS_TRITON:
         return False
     from triton.runtime.interpreter import InterpretedFunction
 
-    from mxattention.kernels.attention_fwd import _mx_attention_fwd_kernel
-
-    return isinstance(_mx_attention_fwd_kernel, InterpretedFunction)
+    return isinstance(_probe, InterpretedFunction)
 
 
 def sm_count(device) -> int:

@@ -5,8 +5,9 @@
 Each build is `mxattention.kernels.codegen.summarize`: the launch `fused_attention` makes on that
 target (its tiles from `kernels.targets.FWD_TILES`), compiled by Triton's bundled toolchain, and
 its assembly read (SASS on CUDA, AMDGCN on ROCm). Default builds: sm_100a, sm_120a and gfx950 at
-head dims 64, 128, 256, causal and not, the H200's sm_90a bf16 path for reference, and sm_90a
-dot_scaled (Triton decodes it to bf16: what a non-native build looks like). Run without
+head dims 64, 128, 256, causal and not, and the 8-bit presets (mxattention-pv8, mxfp8) at 128; the
+H200's sm_90a bf16 path for reference, and sm_90a dot_scaled (Triton decodes it to bf16: what a
+non-native build looks like). Run without
 TRITON_INTERPRET=1. Writes `codegen_mx_targets.json` and `.md`.
 """
 
@@ -23,9 +24,12 @@ from pathlib import Path
 
 from mxattention.kernels import codegen
 
-DEFAULT_BUILDS = [
-    f"{t}/d{d}{c}" for t in ("sm_100a", "sm_120a", "gfx950") for d in (64, 128, 256) for c in ("", "/causal")
-] + ["sm_90a/d128", "sm_90a/d128/causal", "sm_90a/d128/dot_scaled"]
+MX_TARGETS = ("sm_100a", "sm_120a", "gfx950")
+DEFAULT_BUILDS = (
+    [f"{t}/d{d}{c}" for t in MX_TARGETS for d in (64, 128, 256) for c in ("", "/causal")]
+    + [f"{t}/d128/{m}" for t in MX_TARGETS for m in ("mxattention-pv8", "mxfp8")]
+    + ["sm_90a/d128", "sm_90a/d128/causal", "sm_90a/d128/dot_scaled"]
+)
 
 
 def _row(s: dict) -> str:

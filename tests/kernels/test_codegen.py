@@ -25,8 +25,19 @@ from mxattention.kernels.plan import default_matrix_path
 # has no FP4 MMA, so there Triton decodes dot_scaled's operands to bf16.
 MX_BUILDS = ("sm_100a/d128", "sm_120a/d128", "gfx950/d128")
 CONTROL = "sm_90a/d128/dot_scaled"
-# MXFP8 P~V (issue 16): dot_scaled(p, "e4m3", v, "e4m3") next to the E2M1 QK^T.
-PV8_BUILDS = ("sm_100a/d128/mxattention-pv8",)
+# The 8-bit presets (issue 16) on every MX target: MXFP8 P~V next to the E2M1 QK^T (mxattention-pv8),
+# and every product MXFP8 (mxfp8), with the block-scaled MMA kinds each must take.
+PV8_BUILDS = tuple(
+    f"{t}/d128/{m}" for m in ("mxattention-pv8", "mxfp8") for t in ("sm_100a", "sm_120a", "gfx950")
+)
+PV8_MMA = {
+    ("sm_100a", "mxattention-pv8"): {"UTCOMMA", "UTCQMMA"},  # kind::mxf4 and kind::mxf8f6f4
+    ("sm_100a", "mxfp8"): {"UTCQMMA"},
+    ("sm_120a", "mxattention-pv8"): {"OMMA.SF.16864.F32.E2M1.E2M1", "QMMA.SF.16832.F32.E4M3.E4M3"},
+    ("sm_120a", "mxfp8"): {"QMMA.SF.16832.F32.E4M3.E4M3"},
+    ("gfx950", "mxattention-pv8"): {"v_mfma_scale_f32_32x32x64_f8f6f4"},  # FP4 and FP8 operands alike
+    ("gfx950", "mxfp8"): {"v_mfma_scale_f32_32x32x64_f8f6f4"},
+}
 # The warp-specialized Gluon forward on Hopper (`attention_fwd_hopper`), E2M1 and E4M3 P~, Q
 # smoothing's correction by wgmma (2 stages) and by the loaded row (3 stages).
 GLUON_BUILDS = (
@@ -120,13 +131,20 @@ def test_no_spills_and_no_loop_divides(builds, spec):
 
 
 @pytest.mark.parametrize("spec", PV8_BUILDS)
-def test_pv8_block_scaled_mma(builds, spec):
-    """mxattention-pv8 on sm_100a: QK^T on kind::mxf4 (UTCOMMA) and P~V on kind::mxf8f6f4 (UTCQMMA),
-    nothing decoded, no spills, no divisions in the loops."""
+def test_8bit_presets_block_scaled_mma(builds, spec):
+    """mxattention-pv8 and mxfp8 on every MX target: each product on its block-scaled MMA kind (an
+    MXFP8 one needs twice the instructions of MXFP4 at K 32 on NVIDIA, the same on gfx950), one
+    iteration issuing what the products need, nothing decoded, no spills, no divisions in the loops."""
     r = _build(builds, spec)
+    kinds = PV8_MMA[(r["target"], spec.rsplit("/", 1)[1])]
     assert r["matrix_path"] == "dot_scaled"
-    assert set(r["mma"]) == {"UTCOMMA", "UTCQMMA"} and r["other_mma"] == {}, r["mma"]
-    assert r["decode_ops"] == 0 and r["spill_bytes"] == 0 and r["loop_divides"] == 0
+    assert {k.removesuffix(".E8") for k in r["mma"]} == kinds and r["other_mma"] == {}, r["mma"]
+    assert r["loop_mma"] and all(n == r["mma_needed"] for n in r["loop_mma"]), (
+        r["loop_mma"],
+        r["mma_needed"],
+    )
+    assert r["decode_ops"] == 0 and r["spill_bytes"] == 0 and r["spilled_registers"] == 0
+    assert r["loop_divides"] == 0
 
 
 def test_checks_flag_a_decoded_operand_path(builds):

@@ -179,7 +179,11 @@ def summarize(target: Target, case: Case = Case()) -> Summary:
     compiled, call, log = build(target, case)
     seconds = time.perf_counter() - t0
     c = call.constants
-    dots = ((c["BM"], c["BN"], c["DQ"]), (c["BM"], c["DV"], c["BN"]))  # S = Q K^T, O += P V
+    # S = Q K^T, O += P V: (M, N, K, whether an operand is 8-bit: MXFP8 MMAs take half the K of MXFP4)
+    dots = (
+        (c["BM"], c["BN"], c["DQ"], c["QK_ELEM"] == "e4m3"),
+        (c["BM"], c["DV"], c["BN"], "e4m3" in (c["P_ELEM"], c["V_ELEM"])),
+    )
     asm = compiled.asm
     ttgir = asm["ttgir"]
     decode = len(re.findall(r"\bttg\.fp4_to_fp\b|upcast_mxfp", ttgir))
@@ -213,10 +217,11 @@ def _summarize_cuda(asm: dict, log: str, dots, warps: int, decode: int, common: 
     mma, other = _count_mma(op for _, op in sass)
     loops = _sass_loops(sass)
     loop_mma = tuple(n for n in (sum(op.split(".")[0] in _NATIVE_SASS for op in body) for body in loops) if n)
-    if "UTCOMMA" in {k.split(".")[0] for k in mma}:  # tcgen05: M 128 x N <= 256 x K 64 per instruction
-        needed = sum(-(-m // 128) * -(-n // 256) * (k // 64) for m, n, k in dots)
-    else:  # mma.sync m16n8k64 per warp
-        needed = sum(m * n * k for m, n, k in dots) // (16 * 8 * 64 * warps)
+    if {"UTCOMMA", "UTCQMMA"} & {k.split(".")[0] for k in mma}:
+        # tcgen05: M 128 x N <= 256 x K 64 (kind::mxf4) or K 32 (kind::mxf8f6f4) per instruction
+        needed = sum(-(-m // 128) * -(-n // 256) * (k // (32 if f8 else 64)) for m, n, k, f8 in dots)
+    else:  # mma.sync m16n8k64 (mxf4nvf4) or m16n8k32 (mxf8f6f4) per warp
+        needed = sum(m * n * k // (16 * 8 * (32 if f8 else 64) * warps) for m, n, k, f8 in dots)
     ptx_loops = _label_loops(ptx.splitlines(), r"^(\$L__BB\d+_\d+):", r"\bbra(?:\.uni)?\s+(\$L__BB\d+_\d+);")
     divides = sum(len(re.findall(r"\bdiv\.(?:rn|full|approx)[\w.]*\.f32", "\n".join(b))) for b in ptx_loops)
     spills = re.search(r"(\d+) bytes spill stores", log)
@@ -242,9 +247,9 @@ def _summarize_hip(gcn: str, dots, warps: int, decode: int, common: dict) -> Sum
     loops = _label_loops(lines, r"^(\.LBB\d+_\d+):", r"\bs_c?branch\w*\s+(\.LBB\d+_\d+)")
     loop_mma = tuple(n for n in (sum("v_mfma_scale" in ln for ln in body) for body in loops) if n)
     needed = 0
-    for op in mma:
+    for op in mma:  # the f8f6f4 MFMAs take FP4 and FP8 operands at the same K
         mi, ni, ki = map(int, re.search(r"(\d+)x(\d+)x(\d+)", op).groups())
-        needed = sum(m * n * k for m, n, k in dots) // (mi * ni * ki * warps)
+        needed = sum(m * n * k for m, n, k, _ in dots) // (mi * ni * ki * warps)
     meta = {k: int(v) for k, v in re.findall(r"\.(\w+):\s+(\d+)\s*$", gcn, re.M)}
     scratch = re.search(r"ScratchSize: (\d+)", gcn)
     return Summary(

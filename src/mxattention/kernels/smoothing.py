@@ -95,16 +95,12 @@ def _corr_kernel(
     kh = K + (bh // H).to(tl.int64) * stride_kb + ((bh % H) // GROUP).to(tl.int64) * stride_kh
     out = Corr + (bh.to(tl.int64) * NB + blocks[:, None]) * LKP
     ok = blocks[:, None] < NB
-    if KT == 1:
-        keys = tl.program_id(0) * BK + tl.arange(0, BK)
+    # qm's parts stay in registers / shared memory while the key tiles stream through the pipeline.
+    first = tl.program_id(0) * KT
+    for t in range(first, tl.minimum(first + KT, tl.cdiv(LKP, BK))):
+        keys = t * BK + tl.arange(0, BK)
         acc = _corr_tile(q1, q2, q3, kh, keys, cols, Lk, D, stride_kl, stride_kd, KPARTS, DOT_T)
         tl.store(out + keys[None, :], acc, mask=ok & (keys[None, :] < LKP))
-    else:  # qm's parts stay in shared memory while the key tiles stream through the pipeline
-        first = tl.program_id(0) * KT
-        for t in range(first, tl.minimum(first + KT, tl.cdiv(LKP, BK))):
-            keys = t * BK + tl.arange(0, BK)
-            acc = _corr_tile(q1, q2, q3, kh, keys, cols, Lk, D, stride_kl, stride_kd, KPARTS, DOT_T)
-            tl.store(out + keys[None, :], acc, mask=ok & (keys[None, :] < LKP))
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import platform
@@ -291,6 +292,11 @@ def sweep(args, log):
     return {"shape": args.sweep_shape, "rows": results}
 
 
+def _row_ms(rows: dict, name: str) -> float:
+    """The median ms of row `name` of one shape's rows, NaN where the row is missing or failed."""
+    return rows.get(name, {}).get("ms", math.nan)
+
+
 def markdown(report) -> str:
     lines = [
         f"# Attention benchmark: {report['gpu']}",
@@ -320,9 +326,7 @@ def markdown(report) -> str:
     ]
     for s in report["shapes"]:
         r = s["rows"]
-
-        def ms(n, r=r):
-            return r.get(n, {}).get("ms", math.nan)
+        ms = functools.partial(_row_ms, r)
 
         def frac(n, r=r):
             return 100 * r.get(n, {}).get("tb_per_s", math.nan) / r.get("copy", {}).get("tb_per_s", math.nan)
@@ -352,11 +356,7 @@ def markdown(report) -> str:
             "| --- | --- | --- | --- | --- |",
         ]
         for s in presets:
-            r = s["rows"]
-
-            def ms(n, r=r):
-                return r.get(n, {}).get("ms", math.nan)
-
+            ms = functools.partial(_row_ms, s["rows"])
             lines.append(
                 f"| {s['label']} | {ms('sdpa_cudnn') / ms('mx_pv8'):.2f}x | "
                 f"{100 * (ms('mx_pv8') / ms('mx_full') - 1):+.1f} % | "

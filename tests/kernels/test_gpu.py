@@ -165,7 +165,7 @@ def test_gluon_q_pass_with_smoothing_equals_tl_kernel(case, monkeypatch):
     rotation, bit for bit mx_quantize(rotate(q - qm)) and the `tl` pass's bytes; a ragged last
     block (its padding rows: zero codes, scale byte 127), "long": each persistent program's TMA ring
     wraps around over tiles of many blocks, "nonfinite": NaN / Inf rows (their blocks' means too)."""
-    from mxattention.attention.operands import q_block_mean_rows
+    from mxattention.attention.operands import q_block_mean_rows, q_block_means
     from mxattention.formats.mx import mx_quantize
     from mxattention.kernels import prepass_hopper
     from mxattention.kernels.prepass import prepass_qk, qk_pass
@@ -186,7 +186,7 @@ def test_gluon_q_pass_with_smoothing_equals_tl_kernel(case, monkeypatch):
     assert qk_pass(x, lp, hadamard=True, out_bf16=False, elem="e2m1", smoothed=True).kernel == "gluon"
     codes, scales = prepass_qk(x, "uos", hadamard=True, q_mean=(qm, 128))
     assert not prepass_hopper._broken
-    per_row = qm.repeat_interleave(128, dim=-2)[..., :n, :]
+    per_row = q_block_means(x, 128)
     ref = mx_quantize(rotate(x.float() - per_row), axis=-1, rule="uos")
     assert torch.equal(codes[..., :n, :], ref.data) and torch.equal(scales[..., :n, :], ref.scales)
     assert (codes[..., n:, :] == 0).all() and (scales[..., n:, :] == 127).all()

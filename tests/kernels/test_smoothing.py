@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mxattention.attention.config import get_method
-from mxattention.attention.operands import q_block_mean_rows
+from mxattention.attention.operands import q_block_mean_rows, q_block_means
 from mxattention.kernels.fused import smoothing_heads_per_chunk
 from mxattention.kernels.smoothing import CorrTiles, corr_tiles, smoothing_correction
 
@@ -163,7 +163,7 @@ def test_q_prepass_subtracts_the_block_means(dtype, elem, device):
     q = ((torch.randn(1, 2, 300, 64, generator=g) + 2) * torch.exp(torch.randn(64, generator=g))).to(dtype)
     qm = q_block_mean_rows(q, 128)
     codes, scales = prepass_qk(q.to(device), "uos", hadamard=True, elem=elem, q_mean=(qm.to(device), 128))
-    per_row = qm.repeat_interleave(128, dim=-2)[..., :300, :]
+    per_row = q_block_means(q, 128)
     ref = mx_quantize(rotate(q.float() - per_row), axis=-1, rule="uos", elem=elem)
     assert torch.equal(codes[..., :300, :].cpu(), ref.data)
     assert torch.equal(scales[..., :300, :].cpu(), ref.scales)

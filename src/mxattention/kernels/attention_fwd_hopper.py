@@ -70,6 +70,9 @@ BLOCK_M = 128  # query rows per CTA: two consumers of 64
 BLOCK_N = 128  # keys per tile (cfg.block_n must be this)
 # K^ / V^ ring stages, registers per consumer / producer thread (setmaxnreg), consumer pipelining.
 STAGES, CONSUMER_REGS, PRODUCER_REGS, OVERLAP, PINGPONG = 2, 240, 24, True, False
+# The producer that writes the correction's parts holds the next tile's keys too (`_corr_row`): 24
+# registers spill there with Triton 3.9; 4 warps x 32 more fit beside two 240-register consumers.
+PRODUCER_REGS_CORR = 32
 # Q smoothing's correction row into the QK accumulator: one k16 wgmma of its bf16 parts, which the
 # producer writes (True), or shared-memory loads and moves in the consumers (False).
 CORR_MMA = True
@@ -166,9 +169,14 @@ if HAS_GLUON:
         1 row, 2 parts): also keys [j BN, (j + 1) BN) of correction row c_row, on K^_j's barrier: by
         TMA as fp32 (1), or in three bf16 parts written by this warp (2, `_corr_parts`)."""
         BN: gl.constexpr = k_desc.block_type.shape[0]
+        if SMOOTH == 2:  # the next tile's correction keys in flight while this tile waits (see _corr_row)
+            c_next = _corr_row(c_desc, c_row, LKP, 0, BN)
         for j in range(n_tiles):
             slot = j % STAGES
             phase = ((j // STAGES) & 1) ^ 1
+            if SMOOTH == 2:
+                c = c_next
+                c_next = _corr_row(c_desc, c_row, LKP, (j + 1) * BN, BN)
             mbarrier.wait(k_empty.index(slot), phase)
             if SMOOTH == 1:
                 mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes + c_desc.block_type.nbytes)
@@ -177,7 +185,7 @@ if HAS_GLUON:
                 mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
             _tma_load(k_desc, [kv_row0 + j * BN, 0], k_ready.index(slot), k_smem.index(slot))
             if SMOOTH == 2:
-                c_smem.index(slot).store(_corr_parts(c_desc, c_row, LKP, j * BN, BN))
+                c_smem.index(slot).store(_corr_parts(c))
                 fence_async_shared()  # the generic-proxy stores before the wgmma (async proxy) reads them
                 mbarrier.arrive(k_ready.index(slot))  # the barrier's second arrival (init count 2)
             mbarrier.wait(v_empty.index(slot), phase)
@@ -185,14 +193,22 @@ if HAS_GLUON:
             _tma_load(v_desc, [kv_row0 + j * BN, 0], v_ready.index(slot), v_smem.index(slot))
 
     @gluon.jit
-    def _corr_parts(Corr, c_row, LKP, start_n, BN: gl.constexpr):
-        """Keys [start_n, start_n + BN) of fp32 correction row c_row of Corr [*, LKP] as a [16, BN]
-        bf16 B operand: rows 0-2 the parts p0 + p1 + p2 = c exactly (p0 the top 16 bits of c, p1
-        those of c - p0, p2 the rest: <= 8 significant bits; Inf / NaN in p0 alone), rows 3-15
-        zero; one warp."""
+    def _corr_row(Corr, c_row, LKP, start_n, BN: gl.constexpr):
+        """Keys [start_n, start_n + BN) of fp32 correction row c_row of Corr [*, LKP] (0 past LKP),
+        in `_corr_parts`' layout. The producer loads a tile's keys one tile ahead: the row streams
+        from HBM (the correction of a chunk outgrows L2), and a load waited for in the loop held
+        each K^ barrier back by its latency (benchmarks/NOTES.md, v15g)."""
         lay: gl.constexpr = gl.BlockedLayout([16, BN // 32], [1, 32], [1, 1], [1, 0])
-        cols = gl.arange(0, BN, layout=gl.SliceLayout(0, lay))
-        c = gl.load(Corr + c_row.to(gl.int64) * LKP + start_n + cols)
+        cols = start_n + gl.arange(0, BN, layout=gl.SliceLayout(0, lay))
+        return gl.load(Corr + c_row.to(gl.int64) * LKP + cols, mask=cols < LKP, other=0.0)
+
+    @gluon.jit
+    def _corr_parts(c):
+        """A tile's correction keys c (fp32 [BN], `_corr_row`) as a [16, BN] bf16 B operand: rows 0-2
+        the parts p0 + p1 + p2 = c exactly (p0 the top 16 bits of c, p1 those of c - p0, p2 the
+        rest: <= 8 significant bits; Inf / NaN in p0 alone), rows 3-15 zero; one warp."""
+        BN: gl.constexpr = c.shape[0]
+        lay: gl.constexpr = c.type.layout.parent
         hi = (c.to(gl.int32, bitcast=True) & -65536).to(gl.float32, bitcast=True)
         r = c - hi
         mid = (r.to(gl.int32, bitcast=True) & -65536).to(gl.float32, bitcast=True)
@@ -700,7 +716,7 @@ def gluon_fwd_call(
         OVERLAP=OVERLAP if overlap is None else overlap,
         PINGPONG=PINGPONG if pingpong is None else pingpong,
         CONSUMER_REGS=CONSUMER_REGS,
-        PRODUCER_REGS=PRODUCER_REGS,
+        PRODUCER_REGS=PRODUCER_REGS_CORR if blk and corr_mma else PRODUCER_REGS,
         SMOOTH_Q_BLOCK=blk,
         CORR_MMA=bool(blk and corr_mma),
     )

@@ -170,7 +170,11 @@ def main(argv: list[str] | None = None) -> int:
             env = dict(os.environ, PYTHONPATH=trees[name])
             cmd = [sys.executable, __file__, "--child", spec, "--device", a.device, "--q-offset", str(a.q_offset),
                    "--round-ms", str(a.round_ms), "--rounds", str(a.rounds)]  # fmt: skip
-            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout_s)
+            try:
+                r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout_s)
+            except subprocess.TimeoutExpired:
+                errors.append(f"{name}: no result within --timeout-s {a.timeout_s:g} (raise it)")
+                continue
             if r.returncode:
                 errors.append(f"{name}: {r.stderr.strip()[-2000:]}")
                 continue

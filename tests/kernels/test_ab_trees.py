@@ -17,8 +17,8 @@ SRC = ROOT / "src"
 
 def _run(args, tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1")
-    cmd = [sys.executable, str(SCRIPT), *args, "--device", "cpu", "--out", str(tmp_path), "--processes", "1"]
-    cmd += ["--rounds", "1", "--round-ms", "0", "--timeout-s", "240"]
+    cmd = [sys.executable, str(SCRIPT), "--device", "cpu", "--out", str(tmp_path), "--processes", "1"]
+    cmd += ["--rounds", "1", "--round-ms", "0", "--timeout-s", "240", *args]  # args override the defaults
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
 
 
@@ -51,3 +51,10 @@ def test_bad_tree_is_one_line_and_exit_2(tmp_path):
     assert r.stderr.strip().splitlines() == [f"ab_trees: tree a: {tmp_path} holds no mxattention package"]
     r = _run([f"a={SRC}", "--shapes", "1x70xyx32"], tmp_path)
     assert r.returncode == 2 and "HxLqxLkxD (four positive integers)" in r.stderr
+
+
+def test_a_process_past_its_timeout_is_reported(tmp_path):
+    r = _run([f"a={SRC}", "--shapes", "1x70x90x32", "--timeout-s", "0.5"], tmp_path)
+    assert r.returncode == 1
+    assert "a: no result within --timeout-s 0.5" in r.stdout
+    assert json.loads((tmp_path / "ab_trees.json").read_text())["runs"] == {"a": []}

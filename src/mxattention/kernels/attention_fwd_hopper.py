@@ -700,6 +700,7 @@ def gluon_fwd_call(
     k_desc = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [BLOCK_N, HEAD_DIM], layout)
     v_desc = TensorDescriptor(v2, list(v2.shape), list(v2.stride()), [BLOCK_N, HEAD_DIM], layout)
     ceil, q_exp, q_mant = p_rule
+    producer_parts = bool(blk and corr_mma)  # the producer writes the correction's parts (SMOOTH 2)
     if p_cvt is None:
         p_cvt = p_elem == "e4m3" and hw_e4m3_cast(current_target(qc.device))
     constants = dict(
@@ -716,9 +717,9 @@ def gluon_fwd_call(
         OVERLAP=OVERLAP if overlap is None else overlap,
         PINGPONG=PINGPONG if pingpong is None else pingpong,
         CONSUMER_REGS=CONSUMER_REGS,
-        PRODUCER_REGS=PRODUCER_REGS_CORR if blk and corr_mma else PRODUCER_REGS,
+        PRODUCER_REGS=PRODUCER_REGS_CORR if producer_parts else PRODUCER_REGS,
         SMOOTH_Q_BLOCK=blk,
-        CORR_MMA=bool(blk and corr_mma),
+        CORR_MMA=producer_parts,
     )
     o_desc = _out_desc(out)
     constants["O_TMA"] = o_desc is not None

@@ -27,15 +27,19 @@ import sys
 import time
 from pathlib import Path
 
-_HERE = Path(__file__).resolve().parent
+
+@functools.cache
+def _named_shapes() -> dict[str, tuple[int, int, int, int]]:
+    """bench_attention's shapes by name (that module sits beside this one)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_attention import SHAPES, SMALL
+
+    return {**SHAPES, **SMALL}
 
 
 def parse_shape(text: str) -> tuple[int, int, int, int]:
     """(H, Lq, Lk, D) of a benchmark shape name or of "HxLqxLkxD"."""
-    sys.path.insert(0, str(_HERE))
-    from bench_attention import SHAPES, SMALL
-
-    known = {**SHAPES, **SMALL}
+    known = _named_shapes()
     if text in known:
         return known[text]
     parts = text.split("x")
@@ -146,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(spec["cases"], a.device, a.q_offset, a.round_ms, a.rounds)))
         return 0
     try:
+        bad = [t for t in a.trees if "=" not in t]
+        if bad:
+            raise ValueError(f"tree {bad[0]!r}: name=path expected")
         trees = dict(t.split("=", 1) for t in a.trees)
         if len(trees) != len(a.trees) or not trees:
             raise ValueError("trees: one or more distinct name=path expected")

@@ -49,6 +49,9 @@ def test_bad_tree_is_one_line_and_exit_2(tmp_path):
     r = _run([f"a={tmp_path}"], tmp_path)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [f"ab_trees: tree a: {tmp_path} holds no mxattention package"]
+    r = _run([str(SRC)], tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [f"ab_trees: tree {str(SRC)!r}: name=path expected"]
     r = _run([f"a={SRC}", "--shapes", "1x70xyx32"], tmp_path)
     assert r.returncode == 2 and "HxLqxLkxD (four positive integers)" in r.stderr
 

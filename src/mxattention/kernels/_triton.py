@@ -1,7 +1,11 @@
 """Optional Triton import: the package imports without Triton; kernels need it.
 
-Exposes `HAS_TRITON`, `triton`, `tl` (None when Triton is missing), `kernels_interpreted()` and
-`sm_count(device)` (the SMs that launch grids are sized against).
+Exposes `HAS_TRITON`, `triton`, `tl`, `kernels_interpreted()` and `sm_count(device)` (the SMs that
+launch grids are sized against). Without Triton, `triton` and `tl` are `_Absent` stand-ins: the kernel
+modules still import (their decorators, constexpr constants and annotations evaluate), and a kernel
+that is launched anyway raises `TritonMissingError` naming the install command. The callers never get
+that far: the plan reads `HAS_TRITON` and routes every call to the PyTorch reference
+(tests/kernels/test_no_triton.py imports the package with Triton's import blocked).
 Triton decides at decoration time (the module import) whether a kernel is compiled or runs on its
 CPU interpreter (TRITON_INTERPRET=1), so a kernel decorated here, not the environment, is asked
 which it is.
@@ -9,14 +13,48 @@ which it is.
 
 from __future__ import annotations
 
+INSTALL_HINT = "pip install 'mxattention[gpu]'"
+
+
+class TritonMissingError(ImportError):
+    """A Triton kernel was launched in a process without Triton."""
+
+
+class _Absent:
+    """Stands in for `triton` and `triton.language` without Triton: every attribute is another
+    stand-in, `constexpr(x)` is x, a decorated function becomes a stand-in that raises
+    `TritonMissingError` when it is launched or called."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> _Absent:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Absent(f"{self._name}.{attr}")
+
+    def constexpr(self, value=None):
+        return value
+
+    def __call__(self, *args, **kwargs):
+        if self._name.endswith(".jit") or self._name.endswith(".autotune"):
+            if len(args) == 1 and callable(args[0]) and not kwargs:  # @triton.jit
+                return _Absent(getattr(args[0], "__name__", "kernel"))
+            return self  # @triton.jit(...): the decorator itself
+        raise TritonMissingError(f"{self._name} needs Triton, which is not installed ({INSTALL_HINT})")
+
+    def __getitem__(self, grid) -> _Absent:  # kernel[grid](...)
+        return self
+
+
 try:
     import triton
     import triton.language as tl
 
     HAS_TRITON = True
 except ImportError:  # the CPU install without the `gpu` extra
-    triton = None  # type: ignore[assignment]
-    tl = None  # type: ignore[assignment]
+    triton = _Absent("triton")  # type: ignore[assignment]
+    tl = _Absent("triton.language")  # type: ignore[assignment]
     HAS_TRITON = False
 
 

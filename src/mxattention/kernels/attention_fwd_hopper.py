@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from mxattention.kernels import targets
-from mxattention.kernels._triton import tl, triton
+from mxattention.kernels._triton import HAS_TRITON, tl, triton
 from mxattention.kernels.cast import block_scale, elem_round
 from mxattention.kernels.rules import KERNEL_ELEMS
 from mxattention.kernels.targets import Target, current_target, hw_e4m3_cast
@@ -82,7 +82,7 @@ CORR_MMA = True
 OUT_TMA = True
 
 
-if triton is not None:
+if HAS_TRITON:
 
     @triton.jit
     def _p_tile(s, m, qk_scale, P_ELEM: tl.constexpr, P_CVT: tl.constexpr, CEIL: tl.constexpr,

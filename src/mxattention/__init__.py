@@ -14,7 +14,7 @@ from mxattention.integrations import (
     enable,
     patch_sdpa,
 )
-from mxattention.kernels.op import InferenceOnlyError
+from mxattention.kernels.op import InferenceOnlyError, ReferenceFallbackWarning
 from mxattention.varlen import varlen_attention
 
 __version__ = "0.1.0"
@@ -26,6 +26,7 @@ __all__ = [
     "InferenceOnlyError",
     "PrecisionPolicy",
     "QuantSpec",
+    "ReferenceFallbackWarning",
     "disable",
     "enable",
     "get_method",

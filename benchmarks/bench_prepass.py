@@ -7,7 +7,7 @@ Every row is a CUDA graph replay (device time). Bytes per element: 2 read, 0.531
 and scales); the copy reads and writes 2 each. Each Gluon variant's bytes are compared with the
 `tl` kernel's. Needs a CUDA device (the Gluon rows an sm_90 one).
 
-    python benchmarks/bench_prepass.py --out benchmarks/results/raw --name prepass_q_tma_v10_h200
+    python benchmarks/bench_prepass.py --out benchmarks/results --name prepass_q_tma_v10_h200
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
         "--configs", default="1:40,1:20,2:20", help="Gluon (warps per program):(programs per SM) pairs to try"
     )
     ap.add_argument("--rep-ms", type=float, default=100.0, help="time budget per variant (ms)")
-    ap.add_argument("--out", default="benchmarks/results/raw", help="output folder")
+    ap.add_argument("--out", default="benchmarks/results", help="output folder")
     ap.add_argument("--name", default="prepass_q_h200", help="file stem of the JSON")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():

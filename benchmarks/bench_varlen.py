@@ -7,7 +7,7 @@ For each case (sequence lengths, heads, head dim; bf16, channel outliers as `ben
 layout varlen avoids; its memory too) and torch SDPA per sequence. Wall time per call (triton's
 do_bench, not a CUDA graph: varlen reads cu_seqlens on the host). Needs a CUDA device.
 
-    python benchmarks/bench_varlen.py --out benchmarks/results/raw --name varlen_h200
+    python benchmarks/bench_varlen.py --out benchmarks/results --name varlen_h200
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {sorted(CASES)}")
     ap.add_argument("--rep-ms", type=float, default=200.0, help="timing budget per measurement (ms)")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/raw"), help="output folder")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="output folder")
     ap.add_argument("--name", default="varlen", help="file stem of the JSON and markdown written")
     args = ap.parse_args(argv)
     names = args.cases.split(",")

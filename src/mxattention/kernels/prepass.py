@@ -314,7 +314,7 @@ def _v_prepass_kernel(
 
 GRID_Z_MAX = 65535  # CUDA's third grid axis: a varlen V^ launch holds at most this many sequences
 
-# (rows per program, warps) of each pass and layout; H200 sweep (benchmarks/results/raw/
+# (rows per program, warps) of each pass and layout; H200 sweep (git show f26ce6e:benchmarks/results/raw/
 # prepass_sweep_v6_h200.json). Row layout: one row per thread, 32 rows per warp. Module state so
 # the benchmark can sweep them.
 PREPASS_TILES = {
@@ -328,7 +328,7 @@ PREPASS_TILES = {
 
 
 # The bf16 V^ pass with fewer programs than this per SM takes 2 warps per program (40 heads x 512
-# keys: 5.5 -> 4.4 us on the H200, benchmarks/results/raw/prepass_small_kv_v10_h200.json).
+# keys: 5.5 -> 4.4 us on the H200, f26ce6e:benchmarks/results/raw/prepass_small_kv_v10_h200.json).
 V_SMALL_GRID_PER_SM = 8
 
 

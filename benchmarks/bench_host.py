@@ -1,0 +1,192 @@
+"""Host time per call: how long the CPU takes to enqueue one attention call, beside cuDNN's SDPA.
+
+For every shape (B = 1, non-causal, bf16) and each path: the host time of one call (the Python call
+returns; the GPU is idle before it, so nothing waits on a full queue), the time of a call followed by
+`torch.cuda.synchronize()` (what a caller that waits for each call sees), and the GPU time (events).
+Paths: torch SDPA with cuDNN, `mxattention.scaled_dot_product_attention`, the diffusers backend
+(`register_diffusers_backend`, through diffusers' `dispatch_attention_fn`) where diffusers imports.
+With `--profile`, the cProfile of `--profile-calls` public calls at each shape (top functions by
+cumulative time) is written too. Writes <out>/<name>.json and <out>/<name>.md.
+
+    python benchmarks/bench_host.py --shapes all --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import datetime
+import io
+import json
+import platform
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_attention import SHAPES  # noqa: E402
+
+DEFAULT_SHAPES = ("wan14b-16k", "hunyuan-32k", "cross-32k-512", "wan14b-75k")
+
+
+def _host_ms(fn, reps: int) -> tuple[float, float, float]:
+    """(median host ms of one call, median ms of call + synchronize, median GPU ms by events)."""
+    host, sync, gpu = [], [], []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        start.record()
+        fn()
+        end.record()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        host.append((t1 - t0) * 1e3)
+        sync.append((t2 - t0) * 1e3)
+        gpu.append(start.elapsed_time(end))
+    return statistics.median(host), statistics.median(sync), statistics.median(gpu)
+
+
+def _diffusers_call(method: str):
+    """A function (q, k, v) -> out through the diffusers backend, q/k/v in diffusers' [B, L, H, D]."""
+    from diffusers.models.attention_dispatch import attention_backend, dispatch_attention_fn
+
+    from mxattention.integrations import register_diffusers_backend
+
+    name = register_diffusers_backend(method)
+
+    def call(q, k, v):
+        with attention_backend(name):
+            return dispatch_attention_fn(q, k, v)
+
+    return call
+
+
+def run(args: argparse.Namespace) -> dict:
+    import mxattention
+
+    F = torch.nn.functional
+    rows, profiles = [], {}
+    try:
+        diff = _diffusers_call(args.method)
+    except Exception as exc:  # noqa: BLE001 - reported, the other paths still run
+        diff, diff_error = None, f"{type(exc).__name__}: {exc}"
+    else:
+        diff_error = None
+    for label in args.shapes:
+        h, lq, lk, d = SHAPES[label]
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q = torch.randn(1, h, lq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        k = torch.randn(1, h, lk, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        v = torch.randn(1, h, lk, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        qd, kd, vd = (t.transpose(1, 2) for t in (q, k, v))  # diffusers' [B, L, H, D] views
+        paths = {
+            "sdpa_cudnn": lambda q=q, k=k, v=v: _cudnn(F, q, k, v),
+            "mxattention": lambda q=q, k=k, v=v: mxattention.scaled_dot_product_attention(
+                q, k, v, method=args.method
+            ),
+        }
+        if diff is not None:
+            paths["diffusers_backend"] = lambda qd=qd, kd=kd, vd=vd: diff(qd, kd, vd)
+        for name, fn in paths.items():
+            for _ in range(3):
+                fn()
+            host, sync, gpu = _host_ms(fn, args.reps)
+            rows.append({"shape": label, "path": name, "host_ms": host, "sync_ms": sync, "gpu_ms": gpu})
+            print(f"{label:14s} {name:18s} host {host:7.3f} ms  sync {sync:8.3f} ms  gpu {gpu:8.3f} ms")
+        if args.profile:
+            pr = cProfile.Profile()
+            fn = paths["mxattention"]
+            torch.cuda.synchronize()
+            pr.enable()
+            for _ in range(args.profile_calls):
+                fn()
+            pr.disable()
+            torch.cuda.synchronize()
+            buf = io.StringIO()
+            pstats.Stats(pr, stream=buf).sort_stats("cumulative").print_stats(45)
+            profiles[label] = buf.getvalue()
+        del q, k, v
+        torch.cuda.empty_cache()
+    return {"rows": rows, "profiles": profiles, "diffusers_error": diff_error}
+
+
+def _cudnn(F, q, k, v):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+def markdown(report: dict) -> str:
+    meta = report["meta"]
+    lines = [
+        f"# Host time per call: {meta['gpu']}",
+        "",
+        f"- date: {meta['date']}; torch {meta['torch']}, triton {meta['triton']}, python {meta['python']}",
+        f"- command: `{meta['command']}`",
+        "- B = 1, non-causal, bf16; host = the Python call until it returns (GPU idle before it); "
+        "sync = call + torch.cuda.synchronize(); gpu = CUDA events around the call; medians of "
+        f"{meta['reps']} calls after 3 warm-up calls; method `{meta['method']}`",
+        "",
+        "| shape | path | host ms | sync ms | gpu ms | sync vs cuDNN's sync |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    cudnn = {r["shape"]: r["sync_ms"] for r in report["rows"] if r["path"] == "sdpa_cudnn"}
+    for r in report["rows"]:
+        ratio = cudnn[r["shape"]] / r["sync_ms"]
+        lines.append(
+            f"| {r['shape']} | {r['path']} | {r['host_ms']:.3f} | {r['sync_ms']:.3f} | {r['gpu_ms']:.3f} "
+            f"| {ratio:.2f}x |"
+        )
+    if report.get("diffusers_error"):
+        lines += ["", f"diffusers backend not measured: {report['diffusers_error']}"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help="comma-separated labels or 'all'")
+    ap.add_argument("--method", default="mxattention", help="preset timed through mxattention")
+    ap.add_argument("--reps", type=int, default=30, help="timed calls per path and shape")
+    ap.add_argument("--profile", action="store_true", help="also write a cProfile of the public call")
+    ap.add_argument("--profile-calls", type=int, default=20, help="calls per profile")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="output folder")
+    ap.add_argument("--name", default="host_h200", help="output file stem")
+    args = ap.parse_args()
+    args.shapes = list(DEFAULT_SHAPES) if args.shapes == "all" else args.shapes.split(",")
+    unknown = [s for s in args.shapes if s not in SHAPES]
+    if unknown:
+        ap.error(f"--shapes: unknown {unknown}; known: {', '.join(SHAPES)}")
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU")
+    import triton
+
+    report = run(args)
+    report["meta"] = {
+        "gpu": torch.cuda.get_device_name(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "command": "python " + " ".join(sys.argv),
+        "reps": args.reps,
+        "method": args.method,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=1))
+    (args.out / f"{args.name}.md").write_text(markdown(report))
+    if report["profiles"]:
+        (args.out / f"{args.name}_profile.txt").write_text(
+            "\n\n".join(f"== {k} ==\n{v}" for k, v in report["profiles"].items())
+        )
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()

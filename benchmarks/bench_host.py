@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_attention import SHAPES  # noqa: E402
+from bench_attention import SHAPES
 
 DEFAULT_SHAPES = ("wan14b-16k", "hunyuan-32k", "cross-32k-512", "wan14b-75k")
 
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> dict:
     rows, profiles = [], {}
     try:
         diff = _diffusers_call(args.method)
-    except Exception as exc:  # noqa: BLE001 - reported, the other paths still run
+    except Exception as exc:  # reported; the other paths still run
         diff, diff_error = None, f"{type(exc).__name__}: {exc}"
     else:
         diff_error = None

@@ -93,6 +93,8 @@ def run(args: argparse.Namespace) -> dict:
         }
         if diff is not None:
             paths["diffusers_backend"] = lambda qd=qd, kd=kd, vd=vd: diff(qd, kd, vd)
+        if args.breakdown:
+            paths.update(_breakdown(q, k, v, args.method))
         for name, fn in paths.items():
             for _ in range(3):
                 fn()
@@ -114,6 +116,24 @@ def run(args: argparse.Namespace) -> dict:
         del q, k, v
         torch.cuda.empty_cache()
     return {"rows": rows, "profiles": profiles, "diffusers_error": diff_error}
+
+
+def _breakdown(q, k, v, method: str) -> dict:
+    """The pieces of the public call, each alone: the custom op without the entry's checks, the plan,
+    the execution of a ready plan, and the pre-pass of one chunk."""
+    from mxattention.attention.config import get_method
+    from mxattention.kernels.fused import run_plan
+    from mxattention.kernels.op import sdpa_op
+    from mxattention.kernels.plan import plan_call
+
+    cfg = get_method(method)
+    scale = q.shape[-1] ** -0.5
+    plan = plan_call(cfg, q, k, v, scale=scale)
+    return {
+        "op_only": lambda: sdpa_op(q, k, v, None, False, scale, False, method),
+        "plan_only": lambda: plan_call(cfg, q, k, v, scale=scale),
+        "run_plan_only": lambda: run_plan(plan, q, k, v),
+    }
 
 
 def _cudnn(F, q, k, v):
@@ -154,6 +174,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help="comma-separated labels or 'all'")
     ap.add_argument("--method", default="mxattention", help="preset timed through mxattention")
     ap.add_argument("--reps", type=int, default=30, help="timed calls per path and shape")
+    ap.add_argument("--breakdown", action="store_true", help="also time the pieces of the public call")
     ap.add_argument("--profile", action="store_true", help="also write a cProfile of the public call")
     ap.add_argument("--profile-calls", type=int, default=20, help="calls per profile")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="output folder")

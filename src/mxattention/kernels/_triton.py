@@ -13,6 +13,8 @@ which it is.
 
 from __future__ import annotations
 
+import functools
+
 INSTALL_HINT = "pip install 'mxattention[gpu]'"
 
 
@@ -76,8 +78,10 @@ def kernels_interpreted() -> bool:
     return isinstance(_probe, InterpretedFunction)
 
 
+@functools.lru_cache(maxsize=16)
 def sm_count(device) -> int:
-    """Streaming multiprocessors of a CUDA device."""
+    """Streaming multiprocessors of a CUDA device (asked once per device: a property query costs
+    microseconds of every call's host time)."""
     import torch
 
     return torch.cuda.get_device_properties(device).multi_processor_count

@@ -4,7 +4,8 @@ Exposes `sdpa_op(query, key, value, attn_mask, is_causal, scale, enable_gqa, cfg
 `config_key(cfg)` / `config_from_key(key)` (an `AttentionConfig`, or a preset's name, as the op's
 string argument) and
 `kernel_plan(cfg, query, key, value, scale, ...)` (the call's `plan.KernelPlan`: its `reason` is None
-if the fused kernels run it, else why they do not),
+if the fused kernels run it, else why they do not), `cached_plan` (the same, looked up by the call's
+signature: what the op runs),
 `InferenceOnlyError` and `no_backward` (the op that raises it when a backward reaches a 4-bit call).
 
 The choice between the fused kernels and the PyTorch reference happens inside the op at run time,
@@ -27,9 +28,13 @@ from mxattention._callsite import warn_at_call_site
 from mxattention.attention.config import AttentionConfig, get_method
 from mxattention.attention.sdpa import checked_sdpa_reference
 from mxattention.kernels.fused import run_plan
-from mxattention.kernels.plan import KernelPlan, plan_call
+from mxattention.kernels.plan import KernelPlan, cpu_kernels_requested, plan_call
 
 _WARNED: set[str] = set()
+# Dense plans by call signature (`plan_key`): planning costs more host time than the launches of a
+# short call (H200: benchmarks/results/host_h200.md). Bounded: a model has a few dozen signatures.
+_PLANS: dict[tuple, KernelPlan] = {}
+PLAN_CACHE_SIZE = 256
 
 
 class ReferenceFallbackWarning(UserWarning):
@@ -95,6 +100,48 @@ def kernel_plan(
     )
 
 
+def plan_key(
+    cfg_key: str,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+) -> tuple:
+    """Everything a dense plan reads (`plan.plan_call`): the method, each operand's device, dtype,
+    shape, strides and base alignment (a pass's kernel reads 16-byte alignment and bf16 pairs), the
+    mask's layout, causality, the scale, the interpreter switch and the Gluon passes that failed to
+    build in this process."""
+    from mxattention.kernels import prepass_hopper
+
+    operands = tuple((t.dtype, t.shape, t.stride(), t.data_ptr() % 16) for t in (query, key, value))
+    masked = None if mask is None else (mask.dtype, mask.shape, mask.stride())
+    env = (cpu_kernels_requested(), len(prepass_hopper._broken))
+    return (cfg_key, query.device, operands, masked, is_causal, scale, env)
+
+
+def cached_plan(
+    cfg_key: str,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    *,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+) -> KernelPlan:
+    """`kernel_plan` of a dense call, computed once per `plan_key` (a plan is frozen data)."""
+    sig = plan_key(cfg_key, query, key, value, scale, mask, is_causal)
+    plan = _PLANS.get(sig)
+    if plan is None:
+        plan = kernel_plan(config_from_key(cfg_key), query, key, value, scale, mask=mask, is_causal=is_causal)
+        if len(_PLANS) >= PLAN_CACHE_SIZE:
+            _PLANS.clear()
+        _PLANS[sig] = plan
+    return plan
+
+
 def _warn_once(reason: str) -> None:
     if reason not in _WARNED:
         _WARNED.add(reason)
@@ -151,7 +198,7 @@ def sdpa_op(
     if 0 in (*query.shape, *key.shape, *value.shape):
         # Zero-size dims: nothing for the kernels to do; the reference returns torch SDPA's result.
         return checked_sdpa_reference(query, key, value, mask, is_causal, scale, cfg)
-    plan = kernel_plan(cfg, query, key, value, scale, mask=mask, is_causal=is_causal)
+    plan = cached_plan(cfg_key, query, key, value, scale, mask=mask, is_causal=is_causal)
     if plan.reason is not None:
         _warn_once(plan.reason)
         return checked_sdpa_reference(query, key, value, mask, is_causal, scale, cfg)

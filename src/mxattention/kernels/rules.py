@@ -11,6 +11,7 @@ kernels compute). A rule on a ladder becomes (CEIL, Q_EXP, Q_MANT):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ class RuleConstants:
     q_mant: int
 
 
+@functools.lru_cache(maxsize=64, typed=True)  # every launch asks; a rule's constants never change
 def rule_constants(rule: str | float | ScaleRule, elem: str = "e2m1") -> RuleConstants:
     """The kernel constants of a shared-scale rule ("ocp", "tfs", "uos", a float q, ...) on the
     element ladder `elem` ("uos" and "tfs" are that ladder's boundaries: E4M3 UOS 464 + 2**-15

@@ -5,6 +5,7 @@ included so that one added there is run too."""
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,24 @@ def test_python_blocks_give_line_numbers(tmp_path):
     page = tmp_path / "p.md"
     page.write_text("# t\n\n```bash\nls\n```\n\n```python\nprint(2)\n```\n")
     assert python_blocks(page) == [(8, "print(2)\n")]
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces as '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_relative_links_resolve(page):
+    text = page.read_text()
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        assert dest.exists(), f"{page.name}: link to {target!r}: no such file"
+        if anchor and dest.suffix == ".md":
+            headings = re.findall(r"^#{1,6} (.+)$", dest.read_text(), flags=re.M)
+            assert anchor in {_anchor(h) for h in headings}, (
+                f"{page.name}: link to {target!r}: no such heading"
+            )

@@ -46,6 +46,18 @@ def varlen_attention(
     None computes them. The prefix sums are read on the host once per call (a sync on CUDA) to be
     checked. Returns O [total_q, H, Dv] in q's dtype and, with `return_lse`, the natural-log
     log-sum-exp [H, total_q] fp32 (flash-attn's varlen `softmax_lse` layout).
+
+    Where it runs: as `scaled_dot_product_attention` (fused Triton kernels for CUDA tensors of a
+    method they compute, one set of launches for the whole batch; else the PyTorch reference with a
+    `ReferenceFallbackWarning` once per reason); methods with Q smoothing run the reference here.
+    `MXATTENTION_VARLEN_KERNEL=0` runs one dense kernel call per sequence instead.
+
+    Raises TypeError (q / k / v not fp32 / fp16 / bf16 tensors of one dtype, prefix sums not int32
+    tensors, `is_causal` not a bool, `scale` not a number, `max_seqlen_*` not a non-negative int or
+    None) or ValueError (shapes that disagree, H not
+    a multiple of Hkv, prefix sums not 1-D of one length, on another device, not starting at 0,
+    decreasing or not ending at the total, `max_seqlen_*` below the longest sequence, an unknown
+    preset), each naming the argument. Inference only: a backward raises `InferenceOnlyError`.
     """
     cfg = get_method(method)
     check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)

@@ -112,7 +112,19 @@ def mx_quantize(
     elem: str | ElementLadder = "e2m1",
     block_size: int = MX_BLOCK_SIZE,
 ) -> MXTensor:
-    """Quantize `x` to MX format in blocks of `block_size` along `axis` (see the module doc)."""
+    """Quantize `x` to MX format in blocks of `block_size` along `axis` (see the module doc).
+
+    `x`: fp32 / fp16 / bf16, any shape with at least one dim, on any device (PyTorch ops on x's
+    device; the attention kernels have their own fused casts). `rule`: "ocp", "tfs",
+    "uos" (the ladder's optimal boundary, 7.25 for E2M1), a float boundary q > 0 or a `ScaleRule`;
+    `elem`: the element ladder ("e2m1" = MXFP4, "e2m3", "e3m2", "e4m3", "e5m2"). Returns an
+    `MXTensor`: uint8 codes with `axis` moved last and padded to a multiple of `block_size` (two
+    4-bit codes per byte), uint8 E8M0 scales [..., n_blocks] (0xFF for a block holding NaN or
+    +-Inf), and what `dequantize()` needs to give x's shape and dtype back. Raises TypeError (x not a
+    float tensor of those dtypes, `axis` / `block_size` not an int, a rule of another type) or
+    ValueError (0-dim x, `axis` out of range, `block_size` not a positive even int, an unknown rule
+    name or a boundary that is not a finite positive number, an unknown ladder).
+    """
     x, axis, rule_, ladder, block_size = _prepare(x, axis, rule, elem, block_size)
     xb = _blocks(x, axis, block_size)
     e, bad, inv = _block_scale(xb, rule_, ladder)
@@ -133,7 +145,9 @@ def fake_quantize(
 ) -> torch.Tensor:
     """MX quantize-dequantize of `x` along `axis`; returns x's shape and dtype.
 
-    Equal, element for element, to `mx_quantize(x, ...).dequantize()`, without packing.
+    Equal, element for element, to `mx_quantize(x, ...).dequantize()`, without packing: blocks
+    holding NaN or +-Inf become NaN, and a value rounded past the output dtype's range becomes +-Inf.
+    Arguments, devices and what raises: as `mx_quantize`.
     """
     x, axis, rule_, ladder, block_size = _prepare(x, axis, rule, elem, block_size)
     n = x.shape[axis]

@@ -321,12 +321,25 @@ def register_diffusers_backend(
 ) -> str:
     """Register (or re-point) the diffusers backend `name` running `method`; returns the name.
 
+    The backend receives diffusers' [B, S, H, D] tensors (fp32 / fp16 / bf16; masks bool or additive,
+    a 2-D [B, Sk] key mask read as [B, 1, 1, Sk]) and returns O [B, S, H, Dv] in their dtype (and lse
+    [B, S, H] fp32 where diffusers asks for it). Each call runs `mxattention.scaled_dot_product_attention`:
+    the fused kernels on CUDA where they compute the method, else the PyTorch reference (CPU
+    included, a `ReferenceFallbackWarning` once per reason); calls it cannot serve run torch's SDPA,
+    counted in `backend_stats(name)`, with a `FallbackWarning` once per reason. It supports diffusers'
+    context parallelism (ring / Ulysses) through `mxattention_forward_op`.
+
     `name` defaults to `backend_name(method)`; it must be lower case (diffusers lower-cases names).
     Calling again with the same method, policy object and options does nothing; with others it
     re-points the name (and restarts its stats). `policy` keeps chosen calls in high precision; attach
     its hooks with `policy.attach(transformer_or_pipeline)`. `strict` and `autograd` as
     `mxattention.patch_sdpa`: raise `FallbackError` instead of falling back; "torch" runs torch's SDPA
     for calls that track gradients (default "error": quantized, and a backward raises).
+
+    Raises ValueError for an unknown preset, a name that is not lower case letters, digits, "_" or
+    "-", a name of one of diffusers' own backends, or an unknown `autograd`; TypeError for a `policy`
+    that is not a PrecisionPolicy or a `strict` that is not a bool. Needs diffusers
+    (`pip install 'mxattention[diffusers]'`).
     """
     cfg = get_method(method)
     if policy is not None and not isinstance(policy, PrecisionPolicy):

@@ -214,6 +214,16 @@ def register_diffusers_varlen_backend(
     `name` defaults to `backend_name(method) + "_varlen"` ("mxattention_varlen", ...); `strict` and
     `autograd` as `register_diffusers_backend`. There is no `policy`: every call this backend serves is
     quantized with `method` (a `PrecisionPolicy` needs the dense backend, `register_diffusers_backend`).
+
+    The backend receives diffusers' [B, S, H, D] tensors (fp32 / fp16 / bf16) and a bool key-padding
+    mask ([B, Sk] or [B, 1, 1, Sk], True = attend), and returns O [B, S, H, Dv] in their dtype; each
+    batch row runs as one sequence of `mxattention.varlen_attention` on its valid keys: the fused
+    kernels on CUDA where they compute the method, else the PyTorch reference (CPU included, a
+    `ReferenceFallbackWarning` once per reason). Other masks and calls the 4-bit path cannot serve run
+    torch's SDPA, counted in `varlen_backend_stats(name)`, with a `FallbackWarning` once per reason.
+    No context parallelism. Raises ValueError for an unknown preset, a name that is not lower case
+    letters, digits, "_" or "-", a name of one of diffusers' own backends, or an unknown `autograd`;
+    TypeError for a `strict` that is not a bool. Needs diffusers (`pip install 'mxattention[diffusers]'`).
     """
     cfg = get_method(method)
     check_options(strict, autograd)

@@ -176,9 +176,20 @@ def patch_sdpa(
 ) -> SdpaPatch:
     """A context manager routing torch's SDPA through mxattention's `method` (see the module docstring).
 
-    `strict`: raise `FallbackError` for a call the 4-bit path cannot serve, instead of running torch's
-    SDPA with a warning. `autograd`: "error" (default) quantizes calls that track gradients too, and a
-    backward through them raises `InferenceOnlyError`; "torch" runs torch's SDPA for those calls.
+    While active, every call of `torch.nn.functional.scaled_dot_product_attention` made at call time
+    with [B, H, L, D] fp32 / fp16 / bf16 tensors runs `mxattention.scaled_dot_product_attention` with
+    `method` (a preset name or `AttentionConfig`): the fused kernels on CUDA where they compute the
+    method, else the PyTorch reference (CPU included, with a `ReferenceFallbackWarning` once per
+    reason). `policy` (a `PrecisionPolicy`) keeps chosen calls in high precision. The patch's
+    `stats()` counts routed / high-precision / fallback calls (fallbacks by reason) and masks seen.
+
+    Calls the 4-bit path cannot serve (dropout, another dtype, not 4-D, devices that differ, tensor
+    subclasses, bad shapes or masks, a non-number scale) run the function installed before the patch,
+    counted, with a `FallbackWarning` once per reason; `strict=True` raises `FallbackError` instead.
+    `autograd`: "error" (default) quantizes calls that track gradients too, and a backward through them
+    raises `InferenceOnlyError`; "torch" runs torch's SDPA for those calls. Raises ValueError for an
+    unknown preset or `autograd`, TypeError for a `strict` that is not a bool, a `policy` that is not
+    a PrecisionPolicy or a `method` of another type; entering the same patch twice raises RuntimeError.
     """
     return SdpaPatch(method, policy, strict=strict, autograd=autograd)
 
@@ -190,7 +201,11 @@ def enable(
     strict: bool = False,
     autograd: str = "error",
 ) -> SdpaPatch:
-    """Install a patch until `disable()` (options as `patch_sdpa`); returns it (for its `stats()`)."""
+    """Install a patch until `disable()`, without a `with` block; returns it (for its `stats()`).
+
+    Arguments, where it runs and what raises: as `patch_sdpa`. Patches nest: the latest `enable()`
+    is the one `disable()` removes.
+    """
     patch = SdpaPatch(method, policy, strict=strict, autograd=autograd)
     patch.label = f"mxattention.enable({patch.method.name!r})"
     patch.__enter__()
@@ -200,7 +215,8 @@ def enable(
 
 
 def disable() -> dict[str, Any]:
-    """Remove the most recent `enable()` patch; returns its stats. RuntimeError if none is enabled."""
+    """Remove the most recent `enable()` patch and return its stats: {"routed", "high_precision",
+    "fallback", "fallback_reasons", "masks"}. Raises RuntimeError if no `enable()` patch is active."""
     with _lock:
         if not _enabled:
             raise RuntimeError("mxattention.disable(): no patch enabled by mxattention.enable()")

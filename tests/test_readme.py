@@ -1,7 +1,7 @@
 """The README is a user's guide whose every claim is checked:
 
-- every ```python block runs on its own (fresh namespace, a CPU) and prints what its `# prints:`
-  comments show, line for line;
+- every ```python block runs on its own (fresh namespace, a CPU) and prints exactly what its
+  `# prints:` comments show (tests/snippets.py);
 - the preset chooser's quality numbers are the study's (docs/results/readme_table.md, itself
   checked against study.json) and its speeds the H200 benchmark's (benchmarks/results/attention_h200.json);
 - no history: no commit hashes, kernel version names or load averages.
@@ -9,21 +9,17 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import re
-import sys
-import types
-import warnings
 from pathlib import Path
 
 import pytest
-import torch
+
+from tests.snippets import expected_prints, python_blocks, run_block
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
-BLOCKS = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+BLOCKS = [code for _, code in python_blocks(ROOT / "README.md")]
 # The chooser's rows: preset -> (terrain PSNR, MiniLM cosine, speed cell).
 CHOOSER = {
     m.group(1): (m.group(2), m.group(3), m.group(4))
@@ -40,31 +36,9 @@ BENCH_ROWS = {
 }
 
 
-def run_block(code: str, name: str) -> list[str]:
-    """Execute one snippet in a fresh module (Dynamo looks classes' modules up) and return its
-    printed lines; warnings are the library's documented ones and are not output."""
-    module = types.ModuleType(name)
-    sys.modules[name] = module
-    out = io.StringIO()
-    torch._dynamo.reset()
-    try:
-        with contextlib.redirect_stdout(out), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            exec(compile(code, name, "exec"), module.__dict__)
-    finally:
-        torch._dynamo.reset()
-        del sys.modules[name]
-    return out.getvalue().splitlines()
-
-
-def shown_output(code: str) -> list[str]:
-    """The lines a snippet's `# prints: ...` comments say it prints, in order."""
-    return [line.split("# prints: ", 1)[1] for line in code.splitlines() if line.startswith("# prints: ")]
-
-
 def test_readme_has_snippets_and_chooser():
     assert len(BLOCKS) >= 3
-    assert all(shown_output(b) for b in BLOCKS), "every snippet shows what it prints"
+    assert all(expected_prints(b) for b in BLOCKS), "every snippet shows what it prints"
     assert {"mxattention", "mxattention-pv8-smooth", "nvfp4-sage", "mxfp4-ocp"} <= set(CHOOSER)
 
 
@@ -74,7 +48,8 @@ def test_snippet_runs_and_prints_what_the_readme_shows(index):
     code = BLOCKS[index]
     if "diffusers" in code:
         pytest.importorskip("diffusers")
-    assert run_block(code, f"readme_snippet_{index}") == shown_output(code)
+    # Exactly the lines shown (tests/snippets.py's convention, without other printed lines between).
+    assert run_block(code, f"README.md[{index}]").splitlines() == expected_prints(code)
 
 
 def test_chooser_quality_is_the_studys():

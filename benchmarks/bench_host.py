@@ -119,8 +119,9 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _breakdown(q, k, v, method: str) -> dict:
-    """The pieces of the public call, each alone: the custom op without the entry's checks, the plan,
-    the execution of a ready plan, and the pre-pass of one chunk."""
+    """The pieces of the public call, each alone: the call with its plan made afresh, the custom op
+    without the entry's checks, the plan, and the execution of a ready plan."""
+    import mxattention
     from mxattention.attention.config import get_method
     from mxattention.kernels.fused import run_plan
     from mxattention.kernels.op import sdpa_op
@@ -129,7 +130,14 @@ def _breakdown(q, k, v, method: str) -> dict:
     cfg = get_method(method)
     scale = q.shape[-1] ** -0.5
     plan = plan_call(cfg, q, k, v, scale=scale)
+    from mxattention.kernels import op as kop
+
+    def uncached():
+        kop._PLANS.clear()  # the public call as it was before plans were cached
+        return mxattention.scaled_dot_product_attention(q, k, v, method=method)
+
     return {
+        "mxattention_plan_uncached": uncached,
         "op_only": lambda: sdpa_op(q, k, v, None, False, scale, False, method),
         "plan_only": lambda: plan_call(cfg, q, k, v, scale=scale),
         "run_plan_only": lambda: run_plan(plan, q, k, v),

@@ -136,7 +136,25 @@ def _breakdown(q, k, v, method: str) -> dict:
         kop._PLANS.clear()  # the public call as it was before plans were cached
         return mxattention.scaled_dot_product_attention(q, k, v, method=method)
 
+    from mxattention.kernels.prepass import prepass_qk, prepass_v
+
+    chunk, wide = plan.chunks[0], plan.kv_layout == "bf16"
+    qr, kr, vr = plan.rules
+    rows = slice(
+        chunk.kv_heads[0] * (q.shape[1] // k.shape[1]), chunk.kv_heads[1] * (q.shape[1] // k.shape[1])
+    )
+    heads = slice(*chunk.kv_heads)
+    qc, kc, vc = q[:, rows], k[:, heads], v[:, heads]
     return {
+        "chunk_q_pass": lambda: prepass_qk(
+            qc, qr, hadamard=plan.hadamard, elem=plan.qk_elem, pass_plan=chunk.q_pass
+        ),
+        "chunk_k_pass": lambda: prepass_qk(
+            kc, kr, hadamard=plan.hadamard, out_bf16=wide, elem=plan.qk_elem, pass_plan=chunk.k_pass
+        ),
+        "chunk_v_pass": lambda: prepass_v(vc, vr, out_bf16=wide, elem=plan.v_elem, pass_plan=chunk.v_pass),
+        "torch_empty_x4": lambda: [torch.empty(qc.shape, dtype=qc.dtype, device=qc.device) for _ in range(4)],
+        "torch_add": lambda: qc.add(1),
         "mxattention_plan_uncached": uncached,
         "op_only": lambda: sdpa_op(q, k, v, None, False, scale, False, method),
         "plan_only": lambda: plan_call(cfg, q, k, v, scale=scale),

@@ -29,6 +29,7 @@ masked out of the scores, padded head-dim columns are zeros on both sides of eve
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -412,6 +413,7 @@ def v_pass(v: torch.Tensor, lp: int, *, out_bf16: bool, elem: str, heads: int | 
     return PassPlan("tl", "keys" if dp <= 128 else "tile", out, rows, warps)
 
 
+@functools.lru_cache(maxsize=16)  # a few rotation norms per process; a tensor per call costs host time
 def fold_e_max(norm: float) -> int:
     """The largest block exponent e for which fp32(norm) * 2**-e is a normal fp32 (`cast.cast_packed`)."""
     return math.floor(126 + math.log2(float(torch.tensor(norm, dtype=torch.float32))))

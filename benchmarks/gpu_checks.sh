@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One device call: the GPU tests of the kernels and their callers, then the host-time benchmark.
+# Run from the repository root on the H200 (`run` tool), diffusers carried as wheels in .whl/:
+#   bash benchmarks/gpu_checks.sh "$OUT"
+# Writes gpu_tests.log and host_h200.{json,md} under the folder given.
+set -uo pipefail
+out=${1:?output folder}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD/src:$PWD
+else
+  export PYTHONPATH=$PWD/src:$PWD
+fi
+nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+timeout "${TEST_TIMEOUT_S:-300}" python3 -m pytest -q -rfE -p no:cacheprovider -n "${WORKERS:-12}" \
+  tests/kernels/test_attention_fwd_hopper.py tests/kernels/test_gpu.py tests/kernels/test_chunk_streams.py \
+  tests/kernels/test_dispatch.py tests/kernels/test_prepass_hopper.py tests/kernels/test_plan.py \
+  tests/kernels/test_plan_cache.py tests/kernels/test_smoothing.py tests/kernels/test_varlen_kernel.py \
+  tests/attention/test_smoothing.py tests/attention/test_empty_inputs.py 2>&1 | grep -v "Warning\|warn" | tee "$out/gpu_tests.log" | tail -15
+python3 benchmarks/bench_host.py --shapes all --breakdown --out "$out" --name host_h200 2>&1 | tail -40

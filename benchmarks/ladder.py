@@ -1,6 +1,6 @@
 """The precision-ladder study (issue 16): presets and the ablation of each new piece, and the q sweep per ladder.
 
-    python -m mxattention.eval.ladder [--out docs/results/ladder] [--texts 16] [--seeds 0 1 2 3]
+    python benchmarks/ladder.py [--out docs/results/ladder] [--texts 16] [--seeds 0 1 2 3]
 
 For every preset and every configuration of `ABLATIONS` (each takes one piece off or adds one to
 `mxattention-pv8` / `mxattention-pv8-smooth`): terrain-UNet heightmap PSNR / SSIM against fp (paired
@@ -30,10 +30,12 @@ import torch
 from mxattention.attention.config import PRESETS, AttentionConfig, QuantSpec
 from mxattention.eval.diagnostics import method_errors
 from mxattention.eval.diagnostics.qsweep import ladder_q_grid, q_sweep
-from mxattention.eval.ladder_trace import paired_stats
 from mxattention.eval.study import attn_fn_for, heightmap_quality
 from mxattention.formats.ladders import LADDERS
 from mxattention.theory import optimal_boundary
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ladder_trace import paired_stats  # benchmarks/ladder_trace.py
 
 
 def _ablations() -> dict[str, AttentionConfig]:
@@ -325,7 +327,7 @@ def render_markdown(res: dict) -> str:
             "",
             f"- `mxattention-pv8` over `mxattention` on terrain: {psnr['mxattention-pv8'] - psnr['mxattention']:+.2f}"
             f"{_se(_paired(t, 'mxattention-pv8', 'mxattention'))} dB (target >= +6 dB); this difference moves by "
-            "several dB from seed to seed: ladder_trace.md (`python -m mxattention.eval.ladder_trace`) measures "
+            "several dB from seed to seed: ladder_trace.md (`python benchmarks/ladder_trace.py`) measures "
             "it on more seeds and says why.",
             f"- `mxattention-pv8-smooth` against `nvfp4-sage` on terrain: "
             f"{psnr['mxattention-pv8-smooth'] - psnr['nvfp4-sage']:+.2f}"
@@ -407,7 +409,7 @@ def run(
         if not torch.cuda.is_available()
         else torch.cuda.get_device_name(),
         "torch": torch.__version__,
-        "command": ("python -m mxattention.eval.ladder " + " ".join(argv)).strip(),
+        "command": ("python benchmarks/ladder.py " + " ".join(argv)).strip(),
         "seconds": time.perf_counter() - t0,
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -419,7 +421,7 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(
-        prog="python -m mxattention.eval.ladder",
+        prog="python benchmarks/ladder.py",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

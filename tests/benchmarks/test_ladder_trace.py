@@ -7,12 +7,12 @@ import dataclasses
 import json
 import math
 
+import ladder_trace as lt
 import pytest
 import torch
 
 from mxattention.attention.config import PRESETS
 from mxattention.dispatch import scaled_dot_product_attention
-from mxattention.eval import ladder_trace as lt
 
 
 def _qkv(seed: int, lq: int = 150, lk: int = 200):

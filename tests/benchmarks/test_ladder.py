@@ -6,10 +6,10 @@ import dataclasses
 import functools
 import json
 
+import ladder
 import torch
 
 from mxattention.attention.config import PRESETS
-from mxattention.eval import ladder
 from mxattention.eval.models.qkv import LayerQKV
 
 

@@ -1,6 +1,6 @@
 """Why the terrain PSNR of `mxattention-pv8` against `mxattention` swings by +-10 dB from seed to seed.
 
-    python -m mxattention.eval.ladder_trace [--seeds 0 1 ... 31] [--trace-seeds 0 3] [--out docs/results/ladder]
+    python benchmarks/ladder_trace.py [--seeds 0 1 ... 31] [--trace-seeds 0 3] [--out docs/results/ladder]
 
 Issue 16 (item 5) asks for `mxattention-pv8` >= +6 dB over `mxattention` on the terrain UNet. Per seed
 this runs the UNet (one denoising step, 28 attention calls) with `fp`, `mxattention`, `mxattention-pv8`
@@ -11,7 +11,7 @@ and `pv8-pv-fp32` (the same Q, K quantization with P~ and V exact) and records:
   Q, K in MXFP4 alone, P~, V in MXFP4 alone, P~, V in MXFP8 E4M3 alone (every other operand exact);
 - the error of the denoised map (model space, before the height transform) against fp, its uniform
   offset (the mean over the map) and the share of its squared error that offset carries;
-- the heightmap PSNR (as `mxattention.eval.ladder`) and the paired difference pv8 - mxattention,
+- the heightmap PSNR (as `benchmarks/ladder.py`) and the paired difference pv8 - mxattention,
   with its mean, standard deviation, standard error and the seeds a standard error of 1 dB needs.
 
 Writes `ladder_trace.json`, `ladder_trace.md` and `ladder_trace.png` under --out.
@@ -467,7 +467,7 @@ def run(out: Path, seeds: Sequence[int], trace_seeds: Sequence[int], argv: Seque
         if not torch.cuda.is_available()
         else torch.cuda.get_device_name(),
         "torch": torch.__version__,
-        "command": ("python -m mxattention.eval.ladder_trace " + " ".join(argv)).strip(),
+        "command": ("python benchmarks/ladder_trace.py " + " ".join(argv)).strip(),
         "seconds": time.perf_counter() - t0,
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -481,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     """The command line (see the module docstring); bad arguments exit 2 with one line."""
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(
-        prog="python -m mxattention.eval.ladder_trace",
+        prog="python benchmarks/ladder_trace.py",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -5,6 +5,8 @@ fp16 and bf16 inputs (docs/design.md, 'Precision ladder and smoothing')."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -168,3 +170,19 @@ def test_q_prepass_subtracts_the_block_means(dtype, elem, device):
     assert torch.equal(codes[..., :300, :].cpu(), ref.data)
     assert torch.equal(scales[..., :300, :].cpu(), ref.scales)
     assert (codes[..., 300:, :] == 0).all() and (scales[..., 300:, :] == 127).all()
+
+
+def test_block_beyond_the_queries_is_planned_as_one_tile_block(device):
+    """A smoothing block B >= Lq is one block of all the queries: the plan takes the padded query
+    length instead (one compiled kernel for every such B, no constexpr past int32), and the kernels
+    give the bits of B = 128 for 100 queries (one block either way), lse included."""
+    from mxattention.kernels import plan as plan_module
+    from mxattention.kernels.fused import fused_attention
+
+    q, k, v = (x.to(device) for x in qkv(1, 1, 1, 100, 40, 32, seed=31))
+    smooth = get_method("mxattention-pv8-smooth")
+    want = fused_attention(q, k, v, smooth, scale=0.2)
+    huge = dataclasses.replace(smooth, smooth_q_block=2**40)
+    assert plan_module.plan_call(huge, q, k, v, scale=0.2).smooth_q_block == 128
+    got = fused_attention(q, k, v, huge, scale=0.2)
+    assert torch.equal(got.out, want.out) and torch.equal(got.lse, want.lse)

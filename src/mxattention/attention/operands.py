@@ -50,8 +50,10 @@ def q_block_mean_rows(q: torch.Tensor, block: int) -> torch.Tensor:
 
     Summed in fp32 without an fp32 copy of `q` (on CUDA a bf16 / fp16 sum with dtype=float32 widens
     each element as it is read; every such element is exact in fp32): the output is the only buffer.
+    A `block` >= Lq is one block of all Lq queries, the same bits as block = Lq.
     """
     lq = q.shape[-2]
+    block = max(1, min(block, lq))
     full = lq // block
     parts = []
     if full:
@@ -66,8 +68,11 @@ def q_block_mean_rows(q: torch.Tensor, block: int) -> torch.Tensor:
 
 
 def q_block_means(q: torch.Tensor, block: int) -> torch.Tensor:
-    """Per-token copy [..., Lq, D] of the mean of each block of `block` query tokens (the last ragged)."""
-    return q_block_mean_rows(q, block).repeat_interleave(block, dim=-2)[..., : q.shape[-2], :]
+    """Per-token copy [..., Lq, D] of the mean of each block of `block` query tokens (the last ragged);
+    O(Lq) memory whatever `block` (a row index per token, never `block` rows per mean)."""
+    lq = q.shape[-2]
+    rows = torch.arange(lq, device=q.device) // max(1, min(block, lq))
+    return q_block_mean_rows(q, block).index_select(-2, rows)
 
 
 def prepare_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: AttentionConfig) -> Operands:

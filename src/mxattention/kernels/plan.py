@@ -471,6 +471,8 @@ def plan_call(
         return KernelPlan(cfg.name, why, why)
     bn, wide, qe = cfg.block_n, layout == "bf16", cfg.q.elem
     blk = cfg.smooth_q_block if cfg.smooth_q else 0  # Q smoothing's block of queries, 0 for none
+    if blk:  # a block past the queries is one block of them all: one compiled kernel for any such
+        blk = min(blk, padded_len(max(1, query.shape[0 if varlen is not None else 2]), 128))
     scale_op, kscale = scale_plan(scale, query.numel(), key.numel())
     # The forward kernel: "gluon" (attention_fwd_hopper) where targets.GLUON_FWD lists the family
     # and the Gluon kernel serves the call, or where asked for (raises if it cannot run), else "tl".

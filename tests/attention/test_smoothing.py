@@ -109,3 +109,18 @@ def test_q_smoothing_block_beyond_the_queries_is_one_block():
         with _LargestAllocation() as probe:  # (the public entry's custom op hides its allocations)
             prepare_operands(q, k, v, cfg)
         assert probe.largest <= max(q.numel(), k.numel()), block  # no B-row copy of the means
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_q_smoothing_keeps_a_non_finite_query_in_its_row(bad):
+    """A NaN / Inf in Q reaches only its own row's O and lse, as in torch SDPA: the block mean of that
+    channel is not finite, so that channel of the block is not smoothed (mean 0), not every row of
+    its 128-query block made NaN."""
+    q, k, v = _qkv(hq=2, hkv=2, lq=200, lk=96)
+    q[0, 1, 5, 3] = bad
+    cfg = mx.get_method("mxattention-pv8-smooth")
+    out, lse = mx.scaled_dot_product_attention(q, k, v, method=cfg, return_lse=True)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v).isnan()
+    want[0, 1, 5] = True  # (torch: an Inf query row is NaN too, its scores +-Inf)
+    assert torch.equal(out.isnan(), want)
+    assert torch.equal(~lse.isfinite(), want[..., 0])

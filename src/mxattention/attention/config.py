@@ -15,7 +15,9 @@ The PyTorch reference and the fused kernels read the same object (docs/design.md
 - `smooth_k` / `smooth_q` and `p_row_scale` are SageAttention3's recipe (K minus its token mean;
   Q minus its per-`smooth_q_block`-token mean with the correction qm K^T added back to S; P~
   multiplied by 448 * 6 per row before its NVFP4 cast and divided again after). Smoothing
-  happens before the rotation (docs/design.md, 'Precision ladder and smoothing').
+  happens before the rotation (docs/design.md, 'Precision ladder and smoothing'). A block of
+  `smooth_q_block` >= Lq is one block of all the queries; a block mean that is not finite (NaN /
+  Inf in that channel of the block) is taken as 0, so a NaN in Q stays in its row, as in torch.
 - `block_m` x `block_n` is the tile of the online softmax. The result depends on `block_n`
   (P~ is taken against the running max of the key tiles seen so far) and not on `block_m`.
 

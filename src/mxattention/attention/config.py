@@ -33,7 +33,7 @@ from typing import Any
 
 from mxattention.formats.constants import F4_E2M1_MAX, F8_E4M3_MAX, MX_BLOCK_SIZE, NVFP4_BLOCK_SIZE
 from mxattention.formats.ladders import ElementLadder, get_ladder
-from mxattention.formats.scale_rules import ScaleMode, ScaleRule, resolve_rule
+from mxattention.formats.scale_rules import ScaleMode, ScaleRule, boundary_reason, resolve_rule
 
 # MX format name -> its element ladder (OCP Microscaling v1.0 names; E8M0 scale per 32 elements).
 MX_FORMATS: dict[str, str] = {
@@ -95,7 +95,8 @@ class QuantSpec:
     `format`: one of `FORMATS` ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2",
     "nvfp4"); `QuantSpec.mx("e4m3")` names the element ladder instead. `rule` (MX formats):
     "ocp" (floor), "tfs" (ceil at the ladder's max), "uos" (ceil at the ladder's optimal
-    boundary), a float boundary q, or a `ScaleRule`; NVFP4 ignores it. `two_level` (NVFP4 only):
+    boundary), a float boundary q (within (max / 2, 2 max) of the format's ladder, where the rule is
+    meaningful: `formats.scale_rules.boundary_reason`), or a `ScaleRule`; NVFP4 ignores it. `two_level` (NVFP4 only):
     FP32 tensor scale on top of the E4M3 block scales.
     """
 
@@ -114,9 +115,13 @@ class QuantSpec:
                 f"got {rule!r} ({_type_name(rule)})"
             )
         try:
-            resolve_rule(rule, get_ladder(MX_FORMATS.get(self.format, "e2m1")))
+            resolved = resolve_rule(rule, get_ladder(MX_FORMATS.get(self.format, "e2m1")))
         except (TypeError, ValueError) as e:
             raise type(e)(f"QuantSpec.rule: {e}") from None
+        if self.format in MX_FORMATS and resolved.mode is ScaleMode.CEIL:  # (NVFP4 ignores the rule)
+            why = boundary_reason(float(resolved.boundary), get_ladder(MX_FORMATS[self.format]))
+            if why is not None:
+                raise ValueError(f"QuantSpec.rule: {why}")
         # One spelling per rule, so equal specs compare (and serialize) equal.
         if isinstance(rule, str):
             object.__setattr__(self, "rule", rule.lower())

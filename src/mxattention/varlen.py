@@ -40,7 +40,7 @@ def varlen_attention(
     q's device, prefix sums from 0 to total: sequence i is rows cu[i]:cu[i+1]. The result equals n
     dense calls `scaled_dot_product_attention(q_i, k_i, v_i, ...)` bit for bit: MX blocks and tiles
     start at each sequence's first token. Sequences may be empty; one with queries and no keys gives
-    O = 0 (lse = -inf). `is_causal` is top-left per sequence, as torch SDPA and the dense entry (key j
+    O = 0 (lse = -inf); zero heads or head dims are served as the dense entry serves them. `is_causal` is top-left per sequence, as torch SDPA and the dense entry (key j
     attends query i iff j <= i); flash-attn aligns it bottom-right instead, which differs where a
     sequence has Lq != Lk. `max_seqlen_*`: at least the longest sequence (they size the kernel grid);
     None computes them. The prefix sums are read on the host once per call (a sync on CUDA) to be
@@ -64,7 +64,8 @@ def varlen_attention(
     check_scalars(0.0, scale)
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    scale_ = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    # torch's 1/sqrt(D); with D = 0 every score is 0 under any scale (`attention.inputs.Shapes`).
+    scale_ = (1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0) if scale is None else float(scale)
     key_ = method if isinstance(method, str) else config_key(cfg)
     mq = -1 if max_seqlen_q is None else max_seqlen_q
     mk = -1 if max_seqlen_k is None else max_seqlen_k

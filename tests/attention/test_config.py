@@ -70,6 +70,13 @@ _RULE_FORMS = [
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("rule", _RULE_FORMS, ids=str)
 def test_every_accepted_spec_round_trips_through_json(fmt, rule):
+    # E2M1's boundaries (7, 7.3, 6.5) moved to the format's ladder (its max / 6 times them): a
+    # boundary must lie in (max / 2, 2 max) (test_boundary_must_lie_where_the_rule_means_something).
+    top = LADDERS[MX_FORMATS.get(fmt, "e2m1")].max_value
+    if isinstance(rule, (int, float)):
+        rule = rule * top / 6.0
+    elif isinstance(rule, ScaleRule) and rule.mode is ScaleMode.CEIL:
+        rule = ScaleRule(rule.name, rule.mode, rule.boundary * top / 6.0)
     spec = QuantSpec(fmt, rule)
     cfg = AttentionConfig("t", spec, spec, spec, spec, pnq=True, p_row_scale=2)
     back = AttentionConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
@@ -108,3 +115,26 @@ def test_mx_formats_quantize_on_their_ladder_with_its_boundary(fmt):
     from mxattention.attention.operands import quantize
 
     assert torch.equal(quantize(x, spec, -1), fake_quantize(x, -1, rule="uos", elem=spec.elem))
+
+
+@pytest.mark.parametrize(
+    ("fmt", "low", "high"),
+    [
+        ("mxfp4", 3.0, 12.0),
+        ("mxfp6_e2m3", 3.75, 15.0),
+        ("mxfp8_e4m3", 224.0, 896.0),
+        ("mxfp8_e5m2", 28672.0, 114688.0),
+    ],
+)
+def test_boundary_must_lie_where_the_rule_means_something(fmt, low, high):
+    """A ceil boundary q normalizes each block maximum into (q/2, q]: q <= max/2 leaves the ladder's
+    top binade unused (2q is never worse: E2M1 q = 1e-3 zeroed every element), q >= 2 max puts every
+    block maximum past the ladder's max (q = 1e6 saturated every element). Both are refused, naming
+    the rule and the range; the open interval between is accepted, as a float or a ScaleRule."""
+    for q in (1e-3, low, high, 1e6):
+        for rule in (q, ScaleRule("mine", ScaleMode.CEIL, q)):
+            with pytest.raises(ValueError, match=rf"QuantSpec.rule: .*\({low:g}, {high:g}\)"):
+                QuantSpec(fmt, rule)
+    for q in (low * 1.0001, high * 0.9999):
+        assert QuantSpec(fmt, q).scale_rule.boundary == q
+    assert QuantSpec("nvfp4", 1e-3).rule == 1e-3  # NVFP4 ignores the rule

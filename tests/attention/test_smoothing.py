@@ -10,9 +10,11 @@ import dataclasses
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import mxattention as mx
 from mxattention.attention.config import AttentionConfig
+from mxattention.attention.operands import prepare_operands
 
 
 def _qkv(hq=4, hkv=2, lq=300, lk=260, d=64, seed=0, offset=2.0):
@@ -77,3 +79,48 @@ def test_q_smoothing_helps_the_rotated_method_on_an_offset():
 
     plain, smoothed = err(base), err(dataclasses.replace(base, name="s", smooth_q=True))
     assert smoothed < 0.5 * plain
+
+
+class _LargestAllocation(TorchDispatchMode):
+    """The most elements of one tensor that torch allocates under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def test_q_smoothing_block_beyond_the_queries_is_one_block():
+    """A smoothing block B >= Lq is one block of all Lq queries: the same O and lse as B = Lq, bit
+    for bit, in O(Lq) memory (the per-token means were B rows each: B = 10**9 crashed the allocator)."""
+    q, k, v = _qkv(hq=2, hkv=2, lq=64, lk=96)
+    base = dataclasses.replace(mx.get_method("mxattention-pv8-smooth"), name="s", smooth_q_block=64)
+    want, want_lse = mx.scaled_dot_product_attention(q, k, v, method=base, return_lse=True)
+    for block in (65, 10**9):
+        cfg = dataclasses.replace(base, smooth_q_block=block)
+        out, lse = mx.scaled_dot_product_attention(q, k, v, method=cfg, return_lse=True)
+        assert torch.equal(out, want) and torch.equal(lse, want_lse), block
+        with _LargestAllocation() as probe:  # (the public entry's custom op hides its allocations)
+            prepare_operands(q, k, v, cfg)
+        assert probe.largest <= max(q.numel(), k.numel()), block  # no B-row copy of the means
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_q_smoothing_keeps_a_non_finite_query_in_its_row(bad):
+    """A NaN / Inf in Q reaches only its own row's O and lse, as in torch SDPA: the block mean of that
+    channel is not finite, so that channel of the block is not smoothed (mean 0), not every row of
+    its 128-query block made NaN."""
+    q, k, v = _qkv(hq=2, hkv=2, lq=200, lk=96)
+    q[0, 1, 5, 3] = bad
+    cfg = mx.get_method("mxattention-pv8-smooth")
+    out, lse = mx.scaled_dot_product_attention(q, k, v, method=cfg, return_lse=True)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v).isnan()
+    want[0, 1, 5] = True  # (torch: an Inf query row is NaN too, its scores +-Inf)
+    assert torch.equal(out.isnan(), want)
+    assert torch.equal(~lse.isfinite(), want[..., 0])

@@ -215,3 +215,59 @@ def test_pipeline_with_two_experts_shares_one_step_count(register):
     }
     with pytest.raises(TypeError, match="pipeline with a transformer or unet"):
         policy.attach(SimpleNamespace(vae=None))
+
+
+def test_bad_arguments_name_themselves():
+    """A wrong type or value names the argument and what was expected (not a bare Python error)."""
+    for bad in (40.0, "40", True, None):
+        with pytest.raises(TypeError, match=r"num_steps must be an int >= 2, got"):
+            PrecisionPolicy.wan22(bad)
+    with pytest.raises(ValueError, match="num_steps must be an int >= 2, got 1"):
+        PrecisionPolicy.wan22(1)
+    for name, value in (("layers", 3), ("steps", 2.0), ("kinds", 1), ("modules", 5)):
+        with pytest.raises(TypeError, match=rf"^{name} must be a"):
+            PrecisionPolicy(**{name: value})
+    with pytest.raises(ValueError, match="layers must hold non-negative ints, got 1.0"):
+        PrecisionPolicy(layers=[1.0])
+
+
+class TinyAttention(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class TwoBlocks(nn.Module):
+    """Two blocks of one attention module each: blocks 0-1, modules 'blocks.0.attn', 'blocks.1.attn'."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.ModuleDict({"attn": TinyAttention()}) for _ in range(2))
+
+    def forward(self, hidden_states: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
+        return hidden_states
+
+
+def test_rules_that_can_never_match_warn(recwarn):
+    """A block past the model's blocks or a module pattern that matches none of its sites warns at
+    attach; a step at or past a run's number of steps when the run's length is known (the pipeline's
+    num_timesteps in callback mode, the end of a run in timestep mode). Rules that can match do not."""
+    from mxattention.integrations.policy import PolicyRuleWarning
+
+    with pytest.warns(PolicyRuleWarning, match=r"layers 2, 7 can never match: .* 2 blocks \(0-1\)"):
+        PrecisionPolicy(layers={1, 2, 7}).attach(TwoBlocks()).remove()
+    with pytest.warns(PolicyRuleWarning, match=r"modules pattern 'blocks\.9\.\*' matches no"):
+        PrecisionPolicy(modules=("blocks.*.attn", "blocks.9.*")).attach(TwoBlocks()).remove()
+    policy, model, x = PrecisionPolicy(steps={1, 3}), TwoBlocks(), torch.zeros(1)
+    with policy.attach(model):
+        for t in (900.0, 600.0, 300.0):
+            model(x, torch.tensor([t]))
+        assert not [w for w in recwarn.list if issubclass(w.category, PolicyRuleWarning)]
+        with pytest.warns(PolicyRuleWarning, match=r"steps 3 never matched: the run that ended had 3 steps"):
+            model(x, torch.tensor([900.0]))  # a new generation: the last one had steps 0-2
+    policy = PrecisionPolicy(steps={2, 5})
+    with policy.attach(TwoBlocks(), steps="callback"):
+        with pytest.warns(PolicyRuleWarning, match=r"steps 5 can never match: the pipeline runs 3 steps"):
+            policy.step_callback(SimpleNamespace(num_timesteps=3), 0, None, {})
+        policy.step_callback(SimpleNamespace(num_timesteps=3), 1, None, {})  # warned once
+    PrecisionPolicy(layers={0, 1}, modules=("blocks.1.*",), steps={0}).attach(TwoBlocks()).remove()
+    assert not [w for w in recwarn.list if issubclass(w.category, PolicyRuleWarning)]

@@ -83,8 +83,8 @@ def test_other_ladders_have_a_named_reason(monkeypatch, fmt):
 
 
 def test_pv8_presets_take_the_kernels(monkeypatch):
-    """mxattention-pv8, mxfp8 and mxattention-pv8-smooth run on the kernels (dense calls; a varlen
-    call with Q smoothing has its reason), SageAttention's K smoothing and a smoothing block that
+    """mxattention-pv8, mxfp8 and mxattention-pv8-smooth run on the kernels (a varlen call with Q
+    smoothing as dense calls per sequence, for its reason), SageAttention's K smoothing and a smoothing block that
     is not a multiple of the query tiles do not."""
     from mxattention.kernels.fused_varlen import varlen_reason
 

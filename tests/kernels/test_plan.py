@@ -106,8 +106,9 @@ def test_smoothed_q_pass_is_gluon_only_for_one_chunk(monkeypatch):
 
 
 def test_reasons_in_todays_words(monkeypatch):
-    """plan.reason is what unsupported_reason, then scale_reason, then varlen_reason say; a plan the
-    kernels cannot compute has nothing else, and fused_attention raises its reason."""
+    """plan.reason is what unsupported_reason, then scale_reason say (varlen_reason only sends a
+    varlen call to dense calls per sequence); a plan the kernels cannot compute has nothing else,
+    and fused_attention raises its reason."""
     if torch.cuda.is_available():  # on a GPU machine the reason is the device (H200, 2026-12-01)
         pytest.skip("CPU tensors reach the kernels only on the interpreter")
     monkeypatch.setenv("MXATTENTION_CPU_KERNELS", "1")
@@ -131,7 +132,8 @@ def test_reasons_in_todays_words(monkeypatch):
         scale=0.1,
         varlen=(cu, cu, 16, 16),
     )
-    assert pv.reason == plan.varlen_reason(smooth) and not pv.runs
+    # The one-launch kernel does not smooth Q: one dense kernel call per sequence, not the reference.
+    assert plan.varlen_reason(smooth) and pv.reason is None and pv.runs and pv.varlen == "per_sequence"
     monkeypatch.delenv("MXATTENTION_CPU_KERNELS")
     p = plan.plan_call(get_method("mxattention"), q, k, v, scale=0.1)
     # Refused for where it runs only: planned in full, so fused_attention can run it directly.

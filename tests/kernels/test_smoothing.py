@@ -5,11 +5,14 @@ fp16 and bf16 inputs (docs/design.md, 'Precision ladder and smoothing')."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from mxattention.attention.config import get_method
 from mxattention.attention.operands import q_block_mean_rows, q_block_means
+from mxattention.attention.reference import reference_attention
 from mxattention.kernels.fused import smoothing_heads_per_chunk
 from mxattention.kernels.smoothing import CorrTiles, corr_tiles, smoothing_correction
 
@@ -168,3 +171,44 @@ def test_q_prepass_subtracts_the_block_means(dtype, elem, device):
     assert torch.equal(codes[..., :300, :].cpu(), ref.data)
     assert torch.equal(scales[..., :300, :].cpu(), ref.scales)
     assert (codes[..., 300:, :] == 0).all() and (scales[..., 300:, :] == 127).all()
+
+
+def test_block_beyond_the_queries_is_planned_as_one_tile_block(device):
+    """A smoothing block B >= Lq is one block of all the queries: the plan takes the padded query
+    length instead (one compiled kernel for every such B, no constexpr past int32), and the kernels
+    give the bits of B = 128 for 100 queries (one block either way), lse included."""
+    from mxattention.kernels import plan as plan_module
+    from mxattention.kernels.fused import fused_attention
+
+    q, k, v = (x.to(device) for x in qkv(1, 1, 1, 100, 40, 32, seed=31))
+    smooth = get_method("mxattention-pv8-smooth")
+    want = fused_attention(q, k, v, smooth, scale=0.2)
+    huge = dataclasses.replace(smooth, smooth_q_block=2**40)
+    assert plan_module.plan_call(huge, q, k, v, scale=0.2).smooth_q_block == 128
+    got = fused_attention(q, k, v, huge, scale=0.2)
+    assert torch.equal(got.out, want.out) and torch.equal(got.lse, want.lse)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_query_stays_in_its_row(bad, device):
+    """A NaN / Inf in Q under Q smoothing: the kernels give NaN in its row only, O and lse, where
+    the reference does (the block mean of that channel is taken as 0, `q_block_mean_rows`), and
+    the reference's values on every other row (140 queries: two blocks, the bad one first)."""
+    from mxattention.kernels.fused import fused_attention
+
+    q, k, v = qkv(1, 2, 1, 140, 40, 32, seed=32)
+    q = q + 2.0
+    q[0, 1, 5, 3] = bad
+    cfg = get_method("mxattention-pv8-smooth")
+    out, lse = (
+        x.cpu() for x in fused_attention(q.to(device), k.to(device), v.to(device), cfg, scale=0.2)[:2]
+    )
+    ref, ref_lse = reference_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), cfg, scale=0.2
+    )
+    row = torch.zeros_like(out, dtype=torch.bool)
+    row[0, 1, 5] = True
+    assert torch.equal(out.isnan(), row) and torch.equal(ref.isnan(), row)
+    assert torch.equal(lse.isnan(), row[..., 0]) and torch.equal(ref_lse.isnan(), row[..., 0])
+    ok = ~row
+    assert (out[ok] - ref[ok]).norm() <= 1e-5 * ref[ok].norm()

@@ -241,3 +241,37 @@ def test_opt_out_takes_the_per_sequence_path(monkeypatch):
     monkeypatch.delenv(fused_varlen.VARLEN_KERNEL_ENV)
     with pytest.raises(pytest.fail.Exception, match="kernel ran"):
         varlen_op.varlen_op(q, k, v, cu_q, cu_k, -1, -1, False, 0.2, cfg_key)
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+def test_q_smoothing_equals_dense_calls_per_sequence(device, monkeypatch, kernels):
+    # Q smoothing (mxattention-pv8-smooth): each sequence's O and lse are those of the public dense
+    # call of its rows, bit for bit, where the kernels run (one dense kernel call per sequence: the
+    # one-launch kernel does not smooth Q) and where the reference does. Sequence 0 spans two
+    # smoothing blocks of 128 queries, sequence 1 a short one (causal: top-left per sequence).
+    if kernels:
+        monkeypatch.setenv("MXATTENTION_CPU_KERNELS", "1")
+    elif device == "cuda":
+        pytest.skip("CUDA tensors take the kernels")
+    q, k, v, cu_q, cu_k = packed([130, 3], [100, 20], hq=1, hk=1, seed=8)
+    dev = [x.to(device) for x in (q, k, v, cu_q, cu_k)]
+    method = "mxattention-pv8-smooth"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error" if kernels else "ignore")
+        out, lse = mx.varlen_attention(*dev, method=method, is_causal=True, return_lse=True)
+        for q0, q1, k0, k1 in spans(cu_q.tolist(), cu_k.tolist()):
+            views = (x[a:b].permute(1, 0, 2)[None] for x, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1)))
+            o, l = mx.scaled_dot_product_attention(
+                *(x.to(device) for x in views),
+                method=method,
+                is_causal=True,
+                enable_gqa=True,
+                return_lse=True,
+            )
+            assert same(out[q0:q1].cpu(), o[0].permute(1, 0, 2).cpu()), f"O of rows {q0}:{q1}"
+            assert same(lse[:, q0:q1].cpu(), l[0].cpu()), f"lse of rows {q0}:{q1}"
+    if kernels:  # the kernels' own entry takes the same per-sequence path (on sequence 1 alone)
+        cu = [torch.tensor([0, n], dtype=torch.int32, device=device) for n in (3, 20)]
+        one = (q[130:].to(device), k[100:].to(device), v[100:].to(device), *cu)
+        direct = fused_varlen_attention(*one, 3, 20, get_method(method), is_causal=True, scale=32**-0.5)
+        assert same(direct[0].cpu(), out[130:].cpu()) and same(direct[1].cpu(), lse[:, 130:].cpu())

@@ -15,7 +15,9 @@ The PyTorch reference and the fused kernels read the same object (docs/design.md
 - `smooth_k` / `smooth_q` and `p_row_scale` are SageAttention3's recipe (K minus its token mean;
   Q minus its per-`smooth_q_block`-token mean with the correction qm K^T added back to S; P~
   multiplied by 448 * 6 per row before its NVFP4 cast and divided again after). Smoothing
-  happens before the rotation (docs/design.md, 'Precision ladder and smoothing').
+  happens before the rotation (docs/design.md, 'Precision ladder and smoothing'). A block of
+  `smooth_q_block` >= Lq is one block of all the queries; a block mean that is not finite (NaN /
+  Inf in that channel of the block) is taken as 0, so a NaN in Q stays in its row, as in torch.
 - `block_m` x `block_n` is the tile of the online softmax. The result depends on `block_n`
   (P~ is taken against the running max of the key tiles seen so far) and not on `block_m`.
 
@@ -31,7 +33,7 @@ from typing import Any
 
 from mxattention.formats.constants import F4_E2M1_MAX, F8_E4M3_MAX, MX_BLOCK_SIZE, NVFP4_BLOCK_SIZE
 from mxattention.formats.ladders import ElementLadder, get_ladder
-from mxattention.formats.scale_rules import ScaleMode, ScaleRule, resolve_rule
+from mxattention.formats.scale_rules import ScaleMode, ScaleRule, boundary_reason, resolve_rule
 
 # MX format name -> its element ladder (OCP Microscaling v1.0 names; E8M0 scale per 32 elements).
 MX_FORMATS: dict[str, str] = {
@@ -93,7 +95,8 @@ class QuantSpec:
     `format`: one of `FORMATS` ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2",
     "nvfp4"); `QuantSpec.mx("e4m3")` names the element ladder instead. `rule` (MX formats):
     "ocp" (floor), "tfs" (ceil at the ladder's max), "uos" (ceil at the ladder's optimal
-    boundary), a float boundary q, or a `ScaleRule`; NVFP4 ignores it. `two_level` (NVFP4 only):
+    boundary), a float boundary q (within (max / 2, 2 max) of the format's ladder, where the rule is
+    meaningful: `formats.scale_rules.boundary_reason`), or a `ScaleRule`; NVFP4 ignores it. `two_level` (NVFP4 only):
     FP32 tensor scale on top of the E4M3 block scales.
     """
 
@@ -112,9 +115,13 @@ class QuantSpec:
                 f"got {rule!r} ({_type_name(rule)})"
             )
         try:
-            resolve_rule(rule, get_ladder(MX_FORMATS.get(self.format, "e2m1")))
+            resolved = resolve_rule(rule, get_ladder(MX_FORMATS.get(self.format, "e2m1")))
         except (TypeError, ValueError) as e:
             raise type(e)(f"QuantSpec.rule: {e}") from None
+        if self.format in MX_FORMATS and resolved.mode is ScaleMode.CEIL:  # (NVFP4 ignores the rule)
+            why = boundary_reason(float(resolved.boundary), get_ladder(MX_FORMATS[self.format]))
+            if why is not None:
+                raise ValueError(f"QuantSpec.rule: {why}")
         # One spelling per rule, so equal specs compare (and serialize) equal.
         if isinstance(rule, str):
             object.__setattr__(self, "rule", rule.lower())

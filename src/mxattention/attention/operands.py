@@ -50,8 +50,13 @@ def q_block_mean_rows(q: torch.Tensor, block: int) -> torch.Tensor:
 
     Summed in fp32 without an fp32 copy of `q` (on CUDA a bf16 / fp16 sum with dtype=float32 widens
     each element as it is read; every such element is exact in fp32): the output is the only buffer.
+    A `block` >= Lq is one block of all Lq queries, the same bits as block = Lq. A mean that is not
+    finite (a NaN / Inf of `q` in that channel and block, or a sum past fp32's range) is 0: that
+    channel of that block is not smoothed, so the bad value stays in its own row (docs/design.md,
+    'Special values and overflow'); smoothing is exact for any finite mean.
     """
     lq = q.shape[-2]
+    block = max(1, min(block, lq))
     full = lq // block
     parts = []
     if full:
@@ -62,12 +67,16 @@ def q_block_mean_rows(q: torch.Tensor, block: int) -> torch.Tensor:
         parts.append(tail / (lq % block))
     if not parts:  # no queries, no blocks
         return q.new_zeros((*q.shape[:-2], 0, q.shape[-1]), dtype=torch.float32)
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+    means = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+    return means.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def q_block_means(q: torch.Tensor, block: int) -> torch.Tensor:
-    """Per-token copy [..., Lq, D] of the mean of each block of `block` query tokens (the last ragged)."""
-    return q_block_mean_rows(q, block).repeat_interleave(block, dim=-2)[..., : q.shape[-2], :]
+    """Per-token copy [..., Lq, D] of the mean of each block of `block` query tokens (the last ragged);
+    O(Lq) memory whatever `block` (a row index per token, never `block` rows per mean)."""
+    lq = q.shape[-2]
+    rows = torch.arange(lq, device=q.device) // max(1, min(block, lq))
+    return q_block_mean_rows(q, block).index_select(-2, rows)
 
 
 def prepare_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: AttentionConfig) -> Operands:

@@ -59,11 +59,11 @@ def check_varlen(
         raise ValueError(f"k and v must have the same number of heads, got {hk} and {hv}")
     if tk != tv:
         raise ValueError(f"k and v must have the same total_tokens, got {tk} and {tv}")
-    if min(hq, hk, d, dv) == 0:
-        raise ValueError(
-            f"empty heads or head dim in q {tuple(q.shape)} / k {tuple(k.shape)} / v {tuple(v.shape)}"
-        )
-    if hq % hk:
+    # Zero heads or head dims are served as the dense entry serves them (`attention.inputs.Shapes.empty`):
+    # an empty O, or with D = 0 every score 0.
+    if hk == 0 and hq:
+        raise ValueError(f"k/v have 0 heads but q has {hq}")
+    if hk and hq % hk:
         raise ValueError(f"q heads ({hq}) must be a multiple of k/v heads ({hk}) for grouped-query attention")
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor):
@@ -151,7 +151,7 @@ def varlen_reference(
     memory is that of the longest sequence's dense call; causal is top-left per sequence, as
     torch SDPA's `is_causal` (key j attends query i iff j <= i).
     """
-    group = q.shape[1] // k.shape[1]
+    group = q.shape[1] // max(1, k.shape[1])  # (no heads: nothing to group)
 
     def attend(qi, ki, vi):
         qi, ki, vi = qi.float(), ki.float(), vi.float()

@@ -1,7 +1,7 @@
 """Shared-scale rules of MX block quantization (docs/design.md, 'Shared-scale rules').
 
-Exposes `ScaleMode`, `ScaleRule`, `resolve_rule(rule, ladder)` and `shared_exponent(amax, rule,
-ladder)`. A rule turns the block maximum M into the exponent e of the E8M0 scale 2**e:
+Exposes `ScaleMode`, `ScaleRule`, `resolve_rule(rule, ladder)`, `boundary_reason(q, ladder)` and
+`shared_exponent(amax, rule, ladder)`. A rule turns the block maximum M into the exponent e of the E8M0 scale 2**e:
 
 - `FLOOR` (OCP v1.0): e = floor(log2 M) - emax_elem;
 - `CEIL` with boundary q: e = ceil(log2(M / q)), the smallest e with M <= q * 2**e, so the
@@ -75,6 +75,26 @@ def resolve_rule(rule: str | float | ScaleRule, ladder: ElementLadder) -> ScaleR
         return ScaleRule(f"q={q:g}", ScaleMode.CEIL, q)
     raise TypeError(
         f"rule must be 'ocp', 'tfs', 'uos', a float boundary q or a ScaleRule, got {type(rule).__name__}"
+    )
+
+
+def boundary_reason(q: float, ladder: ElementLadder) -> str | None:
+    """None if the ceil boundary `q` is meaningful on `ladder` (max L): L/2 < q < 2L; else why not.
+
+    The rule normalizes each block maximum into (q/2, q]. For q <= L/2 the ladder's top binade is
+    never used, and 2q is never worse for any element (the ladder doubled, up to L, is a subset of
+    itself, so rounding onto the finer grid is at least as close; E2M1 q = 1e-3 rounds every
+    element to 0). For q >= 2L every block maximum lands past L and saturates (q = 1e6: every
+    element). The primitives (`fake_quantize`, the Qmax sweeps) take any q > 0; configurations
+    (`attention.config.QuantSpec`) are checked with this."""
+    top = ladder.max_value
+    if top / 2 < q < 2 * top:
+        return None
+    return (
+        f"boundary q = {q:g} is outside ({top / 2:g}, {2 * top:g}), the range where the ceil rule is "
+        f"meaningful on {ladder.name} (max {top:g}): block maxima are normalized into (q/2, q], so "
+        f"q <= {top / 2:g} leaves the top binade unused (2q is never worse) and q >= {2 * top:g} "
+        "saturates every block maximum"
     )
 
 

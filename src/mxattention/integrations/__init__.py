@@ -1,8 +1,8 @@
 """Plugging mxattention into models: torch SDPA patching, a diffusers backend, hybrid precision.
 
 Exposes `patch_sdpa`, `enable`, `disable`, `stats`, `SdpaPatch` (sdpa_patch), `PrecisionPolicy`,
-`AttentionSite`, `current_site` (policy), `FallbackError`, `FallbackWarning` (_routing) and, importing
-diffusers on first use, `register_diffusers_backend`, `register_preset_backends`, `backend_name`,
+`AttentionSite`, `current_site`, `PolicyRuleWarning` (policy), `FallbackError`, `FallbackWarning`
+(_routing) and, importing diffusers on first use, `register_diffusers_backend`, `register_preset_backends`, `backend_name`,
 `backend_stats` (diffusers_backend), `register_diffusers_varlen_backend`, `varlen_backend_stats`
 (diffusers_varlen). Imports `attention`, `dispatch`, `varlen` and `kernels.op` (the custom ops,
 `InferenceOnlyError`) only.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from mxattention.integrations._routing import FallbackError, FallbackWarning
-from mxattention.integrations.policy import AttentionSite, PrecisionPolicy, current_site
+from mxattention.integrations.policy import AttentionSite, PolicyRuleWarning, PrecisionPolicy, current_site
 from mxattention.integrations.sdpa_patch import SdpaPatch, disable, enable, patch_sdpa, stats
 
 _DIFFUSERS = ("register_diffusers_backend", "register_preset_backends", "backend_name", "backend_stats")
@@ -23,6 +23,7 @@ __all__ = [
     "AttentionSite",
     "FallbackError",
     "FallbackWarning",
+    "PolicyRuleWarning",
     "PrecisionPolicy",
     "SdpaPatch",
     "current_site",

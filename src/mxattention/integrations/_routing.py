@@ -67,7 +67,7 @@ REASONS: dict[str, tuple[str, str]] = {
         "mxattention backend)",
     ),
     "shape": (
-        "shapes that disagree or are empty",
+        "shapes that disagree",
         "check the call (torch's SDPA raises its own error for invalid shapes)",
     ),
     "mask": (

@@ -54,14 +54,9 @@ def unsupported_reason(
     bk, hk, lk, dk = key.shape
     bv, hv, lv, _ = value.shape
     bad_heads = hq != hk and (not enable_gqa or hk == 0 or hq % hk)
-    if (
-        not (b == bk == bv)
-        or dk != d
-        or hk != hv
-        or lk != lv
-        or bad_heads
-        or 0 in (*query.shape, *value.shape, lk)
-    ):
+    # Zero-size dims are valid and served, as the public entry serves them (`attention.inputs.
+    # check_qkv`, `Shapes.empty`): torch SDPA's result, not a fallback.
+    if not (b == bk == bv) or dk != d or hk != hv or lk != lv or bad_heads:
         return "shape"
     if attn_mask is not None:
         if type(attn_mask) not in (torch.Tensor, torch.nn.Parameter) or is_causal:

@@ -65,11 +65,13 @@ def varlen_padded(
 
     query [B, Sq, H, D], key / value [B, Sk, Hkv, D]; `key_mask` None or bool [B, Sk] (True = attend).
     """
-    b, sq, hq, _ = query.shape
+    b, sq, hq, d = query.shape
     sk, dv = key.shape[1], value.shape[-1]
     dev = query.device
+    if b == 0:  # no sequence (varlen takes at least one): nothing to attend
+        return query.new_empty((0, sq, hq, dv)), query.new_empty((0, sq, hq), dtype=torch.float32)
     rows = torch.arange(b, device=dev, dtype=torch.int32)
-    q = query.reshape(b * sq, hq, -1)
+    q = query.reshape(b * sq, hq, d)
     if key_mask is None:
         k, v = key.reshape(b * sk, *key.shape[2:]), value.reshape(b * sk, *value.shape[2:])
         cu_q = torch.arange(b + 1, device=dev, dtype=torch.int32) * sq

@@ -1,8 +1,9 @@
 """Hybrid precision: which attention calls of a model stay in high precision.
 
-Exposes `PrecisionPolicy`, `AttentionSite`, `current_site` and `PolicyHandle`. The paper runs Wan2.2
-with transformer block 0 and the final 2 of 40 denoising steps in high precision
-(`PrecisionPolicy.wan22()`); HunyuanVideo fully 4-bit (no policy).
+Exposes `PrecisionPolicy`, `AttentionSite`, `current_site`, `PolicyHandle` and `PolicyRuleWarning`
+(a rule that can never match: warned at `attach` for blocks and module patterns, for steps once a
+run's length is known). The paper runs Wan2.2 with transformer block 0 and the final 2 of 40
+denoising steps in high precision (`PrecisionPolicy.wan22()`); HunyuanVideo fully 4-bit (no policy).
 
 A call is placed by three facts, gathered by the hooks `PrecisionPolicy.attach(model)` installs:
 
@@ -45,9 +46,17 @@ import torch
 from torch import nn
 from torch._library.effects import EffectType
 
+from mxattention._callsite import warn_at_call_site
 from mxattention.attention.config import AttentionConfig, get_method
 
 KINDS = ("self", "cross")
+
+
+class PolicyRuleWarning(UserWarning):
+    """A `PrecisionPolicy` rule can never match the model or run it is used on (a block past the
+    model's blocks, a module pattern matching none of its sites, a step past the run's steps)."""
+
+
 NATIVE = "native"
 _UNSET: Any = object()
 
@@ -139,6 +148,17 @@ class _PolicyState:
         self.by_callback = False
         # (step, block, site name, kind, high precision) -> calls
         self.counts: Counter[tuple[int | None, int | None, str, str, bool]] = Counter()
+        self.rule_steps: frozenset[int] = frozenset()  # the policy's `steps`, for `_unreached`
+        self.warned: set[str] = set()
+
+    def _unreached(self, steps: int, sentence: str) -> None:
+        """Warn once per message about the step rules at or past `steps`, the length of a run
+        (called under the lock; `sentence` says where the length comes from)."""
+        late = sorted(s for s in self.rule_steps if s >= steps)
+        text = f"PrecisionPolicy steps {_ranges(late)} {sentence} {steps} steps (0-{steps - 1})"
+        if late and text not in self.warned:
+            self.warned.add(text)
+            warn_at_call_site(text + "; those calls stay quantized.", PolicyRuleWarning)
 
     def reset(self) -> None:
         with self.lock:
@@ -159,6 +179,8 @@ class _PolicyState:
                     self.step, self.runs = 0, 1
                 return
             if self.step is None or (t is not None and self.last_t is not None and t > self.last_t):
+                if self.step is not None:  # a run ended after steps 0..self.step
+                    self._unreached(self.step + 1, "never matched: the run that ended had")
                 self.step = 0
                 self.runs += 1
             elif t is None or t != self.last_t:
@@ -167,6 +189,8 @@ class _PolicyState:
 
     def on_step_end(self, index: int, total: int | None) -> None:
         with self.lock:
+            if total is not None and total > 0:
+                self._unreached(total, "can never match: the pipeline runs")
             self.by_callback = True
             if self.step is None:
                 self.runs = 1
@@ -188,8 +212,15 @@ def _ranges(values: Iterable[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
+def _iterable(name: str, values: object, what: str) -> Iterable[Any]:
+    """`values` if it is a collection (not a str), else TypeError naming the argument."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise TypeError(f"{name} must be a {what}, got {values!r} ({type(values).__name__})")
+    return values
+
+
 def _ints(name: str, values: Iterable[int]) -> frozenset[int]:
-    out = frozenset(values)
+    out = frozenset(_iterable(name, values, "set of non-negative ints"))
     for v in out:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{name} must hold non-negative ints, got {v!r}")
@@ -225,13 +256,17 @@ class PrecisionPolicy:
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", _ints("layers", self.layers))
         object.__setattr__(self, "steps", _ints("steps", self.steps))
-        kinds = frozenset(self.kinds)
-        if isinstance(self.kinds, str) or not kinds <= set(KINDS):
+        if isinstance(self.kinds, str):
+            raise ValueError(f"kinds must be a set drawn from {KINDS}, got {self.kinds!r}")
+        kinds = frozenset(_iterable("kinds", self.kinds, f"set drawn from {KINDS}"))
+        if not kinds <= set(KINDS):
             raise ValueError(f"kinds must be a set drawn from {KINDS}, got {self.kinds!r}")
         object.__setattr__(self, "kinds", kinds)
         if isinstance(self.modules, str):
             raise TypeError("modules must be a sequence of fnmatch patterns, not one string")
-        object.__setattr__(self, "modules", tuple(str(p) for p in self.modules))
+        patterns = _iterable("modules", self.modules, "sequence of fnmatch patterns")
+        object.__setattr__(self, "modules", tuple(str(p) for p in patterns))
+        self._state.rule_steps = self.steps
         if self.high_precision != NATIVE and get_method(self.high_precision).quantized:
             raise ValueError(
                 f"high_precision must be 'native' or a method with no quantized operand (e.g. 'fp'), "
@@ -241,8 +276,10 @@ class PrecisionPolicy:
     @classmethod
     def wan22(cls, num_steps: int = 40, *, high_precision: str | AttentionConfig = NATIVE) -> PrecisionPolicy:
         """The paper's Wan2.2 policy: block 0 and the final 2 of `num_steps` steps in high precision."""
+        if isinstance(num_steps, bool) or not isinstance(num_steps, int):
+            raise TypeError(f"num_steps must be an int >= 2, got {num_steps!r} ({type(num_steps).__name__})")
         if num_steps < 2:
-            raise ValueError(f"num_steps must be >= 2, got {num_steps}")
+            raise ValueError(f"num_steps must be an int >= 2, got {num_steps}")
         return cls(layers={0}, steps={num_steps - 2, num_steps - 1}, high_precision=high_precision)
 
     @property
@@ -316,7 +353,29 @@ class PrecisionPolicy:
         handles: list[Any] = []
         for m in models:
             handles += _install_hooks(m, self._state)
+        self._warn_unmatched(models)
         return PolicyHandle(handles)
+
+    def _warn_unmatched(self, models: list[nn.Module]) -> None:
+        """`PolicyRuleWarning` for the block and module rules no site of `models` can match."""
+        blocks = max((sum(1 for _ in _block_modules(m)) for m in models), default=0)
+        where = f"the attached model has {blocks} blocks" + (f" (0-{blocks - 1})" if blocks else "")
+        late = sorted(b for b in self.layers if b >= blocks)
+        if late:
+            warn_at_call_site(
+                f"PrecisionPolicy layers {_ranges(late)} can never match: {where}, numbered across its "
+                "top-level block lists; those calls stay quantized.",
+                PolicyRuleWarning,
+            )
+        names = [site.name for m in models for site, _ in _sites_of(m)]
+        for p in self.modules:
+            if not any(fnmatch.fnmatchcase(n, p) for n in names):
+                example = f" (its sites are named like {names[-1]!r})" if names else ""
+                warn_at_call_site(
+                    f"PrecisionPolicy modules pattern {p!r} matches no attention module or block of the "
+                    f"attached model{example}; those calls stay quantized.",
+                    PolicyRuleWarning,
+                )
 
     def reset(self) -> None:
         """Forget the step count and the call counts."""
@@ -479,12 +538,22 @@ def _install_hooks(model: nn.Module, state: _PolicyState) -> list[Any]:
             )
 
     handles.append(model.register_forward_pre_hook(on_call, with_kwargs=True))
+    for site, module in _sites_of(model):
+        pre, post = _push(site)
+        handles.append(module.register_forward_pre_hook(pre))
+        handles.append(module.register_forward_hook(post, always_call=True))
+    return handles
 
+
+def _sites_of(model: nn.Module) -> list[tuple[AttentionSite, nn.Module]]:
+    """The (site, module) pairs the hooks go on: the blocks, and the attention modules (each with
+    its block's index, None outside every block)."""
     blocks = {name: i for i, (name, _) in enumerate(_block_modules(model))}
+    out = []
     for name, module in model.named_modules():
         in_block = next((b for b in blocks if name == b or name.startswith(b + ".")), None)
         if name in blocks:
-            site = AttentionSite(name, blocks[name])
+            out.append((AttentionSite(name, blocks[name]), module))
         elif _is_attention(module):
             cross = getattr(module, "is_cross_attention", None)
             site = AttentionSite(
@@ -492,9 +561,5 @@ def _install_hooks(model: nn.Module, state: _PolicyState) -> list[Any]:
                 None if in_block is None else blocks[in_block],
                 cross if isinstance(cross, bool) else None,
             )
-        else:
-            continue
-        pre, post = _push(site)
-        handles.append(module.register_forward_pre_hook(pre))
-        handles.append(module.register_forward_hook(post, always_call=True))
-    return handles
+            out.append((site, module))
+    return out

@@ -94,7 +94,9 @@ def fused_varlen_attention(
     plan: KernelPlan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(O [total_q, H, Dv] in q's dtype, lse [H, total_q] fp32) by the one-launch varlen kernels,
-    as `plan` says (default: `plan.plan_call` of these arguments with `varlen`).
+    as `plan` says (default: `plan.plan_call` of these arguments with `varlen`); a plan with
+    `varlen` "per_sequence" (Q smoothing, or MXATTENTION_VARLEN_KERNEL=0) runs
+    `per_sequence_attention` (the kernel options then take their dense defaults).
 
     `max_seqlen_*`: at least the longest sequence (they size the grids). Sequences with queries and
     no keys give O = 0 and lse = -inf. The keyword arguments are `fused.fused_attention`'s. Raises
@@ -122,6 +124,9 @@ def fused_varlen_attention(
         )
     if not plan.runs:
         raise ValueError(plan.refusal)
+    if plan.varlen == "per_sequence":  # Q smoothing (`plan.varlen_reason`): dense calls per sequence
+        cu_q, cu_k = torch.stack([cu_seqlens_q, cu_seqlens_k]).tolist()
+        return per_sequence_attention(q, k, v, cu_q, cu_k, cfg, is_causal=is_causal, scale=scale)
     q, k = scaled_operands(plan, q, k)  # scale <= 0 as the dense call: exact negation / zeroing
     tq, hq, _ = q.shape
     tk, hk, dv = k.shape[0], k.shape[1], v.shape[2]

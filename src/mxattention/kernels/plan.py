@@ -111,9 +111,11 @@ def scale_reason(scale: float) -> str | None:
 
 
 def varlen_reason(cfg: AttentionConfig) -> str | None:
-    """None if the varlen kernels serve `cfg` (beyond `unsupported_reason`), else why not."""
+    """None if the one-launch varlen kernel serves `cfg` (beyond `unsupported_reason`), else why a
+    varlen call of `cfg` runs as one dense kernel call per sequence (`KernelPlan.varlen`
+    "per_sequence"): the same O and lse as the dense calls, bit for bit, by construction."""
     if cfg.smooth_q:
-        return f"method {cfg.name!r} smooths Q, which the varlen kernels do not implement (dense calls do)"
+        return f"method {cfg.name!r} smooths Q, which the one-launch varlen kernel does not implement"
     return None
 
 
@@ -446,8 +448,10 @@ def plan_call(
     d, dv = key.shape[-1], value.shape[-1]
     device_reason = _device_reason(query)
     refusal = _config_reason(cfg, d, dv) or scale_reason(scale)
-    if refusal is None and varlen is not None:
-        refusal = varlen_reason(cfg)
+    if varlen is not None and varlen_reason(cfg) is not None:
+        # Not the reference: its fp32 correction dot is not the kernels' (`kernels.smoothing`), and
+        # a varlen call must equal the dense calls of its sequences wherever they run.
+        varlen_kernel = False
     reason = device_reason or refusal
     if refusal is not None or not HAS_TRITON:
         return KernelPlan(cfg.name, reason, refusal or reason)
@@ -467,6 +471,8 @@ def plan_call(
         return KernelPlan(cfg.name, why, why)
     bn, wide, qe = cfg.block_n, layout == "bf16", cfg.q.elem
     blk = cfg.smooth_q_block if cfg.smooth_q else 0  # Q smoothing's block of queries, 0 for none
+    if blk:  # a block past the queries is one block of them all: one compiled kernel for any such
+        blk = min(blk, padded_len(max(1, query.shape[0 if varlen is not None else 2]), 128))
     scale_op, kscale = scale_plan(scale, query.numel(), key.numel())
     # The forward kernel: "gluon" (attention_fwd_hopper) where targets.GLUON_FWD lists the family
     # and the Gluon kernel serves the call, or where asked for (raises if it cannot run), else "tl".

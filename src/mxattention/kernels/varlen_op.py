@@ -44,6 +44,8 @@ def varlen_op(
     shapes = VarlenShapes(tq, tk, hq, hk, d, dv, cu_seqlens_q.numel() - 1)
     given = (None if max_seqlen_q < 0 else max_seqlen_q, None if max_seqlen_k < 0 else max_seqlen_k)
     cu_q, cu_k, max_q, max_k = seq_bounds(cu_seqlens_q, cu_seqlens_k, shapes, *given)
+    if 0 in (hq, d, dv):  # as mxattention::sdpa: nothing for the kernels; the reference's result
+        return varlen_reference(q, k, v, cu_q, cu_k, cfg, is_causal=is_causal, scale=scale)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_q, max_k)
     on_gpu_kernel = varlen_kernel_enabled()  # else one dense call per sequence
     plan = kernel_plan(cfg, q, k, v, scale, is_causal=is_causal, varlen=varlen, varlen_kernel=on_gpu_kernel)

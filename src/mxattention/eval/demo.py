@@ -15,15 +15,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from mxattention.eval.plots import (
-    plot_figure2,
-    plot_heightmaps,
-    plot_layer_errors,
-    plot_method_bars,
-    plot_rowsums,
-)
-from mxattention.eval.study import render_markdown, run_study
-
+# The study, the models and matplotlib are imported by the functions that use them, so that reading
+# DEMO_METHODS (`mxattention demo --help`) stays cheap.
 DEMO_METHODS = (
     "fp",
     "mxfp4-ocp",
@@ -64,6 +57,14 @@ def _rowsum_layer(res: dict) -> int:
 
 def _figures(res: dict, out: Path) -> list[str]:
     """Draw the figures under `out`; return the report's figure section (image, caption)."""
+    from mxattention.eval.plots import (
+        plot_figure2,
+        plot_heightmaps,
+        plot_layer_errors,
+        plot_method_bars,
+        plot_rowsums,
+    )
+
     t, m = res["terrain"], res["minilm"]
     seeds, n = t["seeds"], len(t["seeds"])
     shown = min(2, n)
@@ -174,6 +175,8 @@ def run_demo(
     show_progress: bool = True,
 ) -> dict:
     """Run the demo; write report.md, study.json and PNG figures under `out`; return the results."""
+    from mxattention.eval.study import render_markdown, run_study
+
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     res = run_study(

@@ -86,4 +86,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__, *_SUBPACKAGES})
+    return sorted({*__all__, *_SUBPACKAGES, "__version__"})

@@ -1,23 +1,61 @@
-"""mxattention: 4-bit MXFP4 attention as accurate as FP16, with no calibration data.
+"""mxattention: attention in 4- and 8-bit OCP MX formats for video diffusion transformers, data-free.
 
 `scaled_dot_product_attention(q, k, v, ..., method="mxattention")` is a drop-in for torch's SDPA;
 `mxattention.formats` holds the exact MX / NVFP4 casts; `mxattention.theory` the UOS derivation.
 """
 
-from mxattention.attention import AttentionConfig, QuantSpec, get_method, list_methods, merge_attention
-from mxattention.dispatch import scaled_dot_product_attention
-from mxattention.integrations import (
-    FallbackError,
-    FallbackWarning,
-    PrecisionPolicy,
-    disable,
-    enable,
-    patch_sdpa,
-)
-from mxattention.kernels.op import InferenceOnlyError, ReferenceFallbackWarning
-from mxattention.varlen import varlen_attention
+from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from mxattention._version import __version__ as __version__
+
+if TYPE_CHECKING:
+    from mxattention.attention import AttentionConfig, QuantSpec, get_method, list_methods, merge_attention
+    from mxattention.dispatch import scaled_dot_product_attention
+    from mxattention.integrations import (
+        FallbackError,
+        FallbackWarning,
+        PrecisionPolicy,
+        disable,
+        enable,
+        patch_sdpa,
+    )
+    from mxattention.kernels.op import InferenceOnlyError, ReferenceFallbackWarning
+    from mxattention.varlen import varlen_attention
+
+# The public names are imported on first use (PEP 562), so that `import mxattention` alone, and with
+# it the command line's --help and --version, does not pay for torch, Triton and torch._dynamo.
+_HOMES = {
+    "AttentionConfig": "mxattention.attention",
+    "QuantSpec": "mxattention.attention",
+    "get_method": "mxattention.attention",
+    "list_methods": "mxattention.attention",
+    "merge_attention": "mxattention.attention",
+    "scaled_dot_product_attention": "mxattention.dispatch",
+    "FallbackError": "mxattention.integrations",
+    "FallbackWarning": "mxattention.integrations",
+    "PrecisionPolicy": "mxattention.integrations",
+    "disable": "mxattention.integrations",
+    "enable": "mxattention.integrations",
+    "patch_sdpa": "mxattention.integrations",
+    "InferenceOnlyError": "mxattention.kernels.op",
+    "ReferenceFallbackWarning": "mxattention.kernels.op",
+    "varlen_attention": "mxattention.varlen",
+}
+_SUBPACKAGES = (
+    "attention",
+    "cli",
+    "dispatch",
+    "eval",
+    "formats",
+    "integrations",
+    "kernels",
+    "rotation",
+    "theory",
+    "varlen",
+)
 
 __all__ = [
     "AttentionConfig",
@@ -36,3 +74,18 @@ __all__ = [
     "scaled_dot_product_attention",
     "varlen_attention",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOMES:
+        value = getattr(importlib.import_module(_HOMES[name]), name)
+    elif name in _SUBPACKAGES:  # `import mxattention; mxattention.formats...` keeps working
+        value = importlib.import_module(f"mxattention.{name}")
+    else:
+        raise AttributeError(f"module 'mxattention' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*__all__, *_SUBPACKAGES, "__version__"})

@@ -92,6 +92,16 @@ def test_demo_small(tmp_path, capsys, quick_rowsums):
     caption = next(line for line in lines if line.startswith("*Row sums"))
     assert data["terrain"]["layers"][top] in caption and f"{rs[top]['mean_row_sum']:.4f}" in caption
     assert "heightmap PSNR (dB, mean of 2)" in report and "(1 = identical)" in report
+    # One duration, the same in report.md, study.json and on stdout.
+    sec = f"{data['meta']['seconds']:.0f} s from the {data['meta']['seconds_from']}"
+    assert f"({sec} to this report)" in report and f"({sec})" in captured.out
+    # The caption's token counts are a row of the per-layer table it points to.
+    assert "| keys per row | 1024 | 1024 |" in report and "(row 'keys per row' of the per-layer" in report
+    cos = data["minilm"]["embedding_cosine"]
+    best_t = max(("mxfp4-ocp", "mxattention"), key=lambda k: q[k]["psnr_db"])
+    best_m = max(("mxfp4-ocp", "mxattention"), key=cos.__getitem__)
+    leader = f"on both models: {best_t}" if best_t == best_m else f"{best_t} on terrain, {best_m} on MiniLM"
+    assert "Most accurate 4-bit-class method (Q K^T in 4 bits)" in concl and leader in concl
 
 
 def test_demo_rejects_unknown_method(capsys):
@@ -164,11 +174,14 @@ def test_bench_cpu(capsys):
 
 
 def test_bench_prints_the_kernel_plan(capsys):
-    """`bench --plan` prints each method's kernel plan of the case (here the CPU's: the reference
-    for the reason the op gives, the tiles it would take on the interpreter)."""
+    """`bench --plan` prints each method's kernel plan of the case: on a GPU the kernel's (tiles,
+    pre-pass), where the reference runs (a CPU) that path and its reason in one line."""
     args = ["bench", "--shape", "1", "2", "64", "32", "--methods", "mxattention", "nvfp4", "--repeat", "1"]
     assert main([*args, "--dtype", "float32", "--plan"]) == 0
     out = capsys.readouterr().out
-    assert "plan of mxattention on " in out and "tiles: BM " in out and "pre-pass: Q^ " in out
-    assert "plan of nvfp4: PyTorch reference: " in out
+    if torch.cuda.is_available():
+        assert "plan of mxattention on " in out and "tiles: BM " in out and "pre-pass: Q^ " in out
+    else:
+        assert "plan of mxattention: PyTorch reference (the tensors are on cpu" in out and "tiles:" not in out
+    assert "plan of nvfp4: PyTorch reference" in out
     assert out.index("plan of mxattention") < out.index("torch sdpa")

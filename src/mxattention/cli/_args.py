@@ -6,13 +6,17 @@
   while argparse parses, i.e. before any work starts.
 - Output paths (`check_out_dir`, `check_out_file`), the same rule for every command: missing parent
   folders are created when the command writes; an existing file where a folder is expected (or a
-  folder where a file is expected, or a file in the way of a folder to create) is a usage error.
+  folder where a file is expected, or a file in the way of a folder to create) is a usage error;
+  `ensure_out_dir` proves, before the work, that the folder can be created and written (and leaves
+  nothing behind).
+- `check_head_dim`: a head dim every chosen method can serve.
 - `check_methods`, `check_unique`: method names and repeated values.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -109,22 +113,32 @@ def device_arg(text: str) -> str:
 
 
 def rule(text: str) -> str | float:
-    """An argparse type: an MX shared-scale rule, 'ocp' / 'tfs' / 'uos' or a boundary q > 0."""
+    """An argparse type: an E2M1 shared-scale rule, 'ocp' / 'tfs' / 'uos' or a boundary q in [3, 12].
+
+    A boundary q puts the normalized block max in (q/2, q]. The range [max/2, 2 max] = [3, 12] is where
+    the theory searches q (`theory.default_grid`): below 3 the top codes are never used, above 12 every
+    block's max saturates.
+    """
     from mxattention.formats.ladders import E2M1
     from mxattention.formats.scale_rules import RULE_NAMES, resolve_rule
 
+    low, high = E2M1.max_value / 2, 2 * E2M1.max_value
+    want = f"one of {', '.join(RULE_NAMES)} or a boundary q in {low:g}..{high:g} (e.g. 7.25)"
     value: str | float = text.lower()
     if value not in RULE_NAMES:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected one of {', '.join(RULE_NAMES)} or a boundary q > 0 (e.g. 7.25), got {text!r}"
-            ) from None
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}") from None
     try:
         resolve_rule(value, E2M1)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise argparse.ArgumentTypeError(f"expected {want}: {exc}") from None
+    if isinstance(value, float) and not low <= value <= high:
+        raise argparse.ArgumentTypeError(
+            f"expected {want}, got {text}: the normalized block max lands in (q/2, q], so below "
+            f"{low:g} the top codes are never used and above {high:g} every block saturates"
+        )
     return value
 
 
@@ -196,6 +210,49 @@ def check_in_file(parser: argparse.ArgumentParser, option: str, value: str | Pat
     if not os.access(path, os.R_OK):
         parser.error(f"{option} {path}: no permission to read it")
     return path
+
+
+def ensure_out_dir(parser: argparse.ArgumentParser, option: str, folder: Path) -> Path:
+    """Prove that output folder `folder` can be created and written: create it (with its parents), write
+    and delete a probe file in it, then remove the folders this made, so that nothing is left if the
+    command stops later. A folder that cannot be written (a read-only or virtual file system such as
+    /proc, which `os.access` does not see) is a usage error before the work starts. Call it after every
+    other check."""
+    import tempfile
+
+    made = []
+    path = folder
+    while not path.exists() and path != path.parent:
+        made.append(path)
+        path = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        parser.error(f"{option}: cannot write in {folder}: {exc.strerror or exc}")
+    finally:
+        for path in made:  # deepest first
+            with contextlib.suppress(OSError):
+                path.rmdir()
+    return folder
+
+
+def check_head_dim(
+    parser: argparse.ArgumentParser, option: str, head_dim: int, methods: Sequence[str]
+) -> None:
+    """Each method on one token of head dim `head_dim`, on the CPU: one that cannot serve it is a usage
+    error naming `option`, the method and the reason (the method's own ValueError)."""
+    import torch
+
+    from mxattention.attention import sdpa_reference
+
+    q = torch.zeros(1, 1, 1, head_dim)
+    for m in methods:
+        try:
+            sdpa_reference(q, q, q, method=m)
+        except ValueError as exc:
+            parser.error(f"{option}: {m} cannot serve head dim {head_dim}: {exc}")
 
 
 def write_parents(path: Path) -> Path:

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from mxattention.cli._args import check_methods, device_arg, int_in, methods_help
-
-NAME = "bench"
-HELP = "time attention methods against torch SDPA on this device"
+from mxattention.cli._args import check_head_dim, check_methods, device_arg, int_in, methods_help
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,33 +36,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _check_head_dim(parser: argparse.ArgumentParser, head_dim: int, methods: list[str]) -> None:
-    """Each method on one token of head dim D, on the CPU: a method that cannot serve D says so now."""
-    import torch
-
-    from mxattention.attention import sdpa_reference
-
-    q = torch.zeros(1, 1, 1, head_dim)
-    for m in methods:
-        try:
-            sdpa_reference(q, q, q, method=m)
-        except ValueError as exc:
-            parser.error(f"--shape: {m} cannot serve head dim {head_dim}: {exc}")
-
-
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from mxattention.eval.bench import bench_methods, plan_methods
 
     check_methods(args.parser, args.methods)
-    _check_head_dim(args.parser, args.shape[-1], args.methods)
+    check_head_dim(args.parser, "--shape", args.shape[-1], args.methods)
     dtype = getattr(torch, args.dtype)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.plan:
-        for plan in plan_methods(args.shape, args.methods, device=args.device, dtype=dtype):
-            print(plan)
-    rows = bench_methods(args.shape, args.methods, device=args.device, dtype=dtype, repeat=args.repeat)
-    print(f"shape {args.shape} {args.dtype}")
+        for plan in plan_methods(args.shape, args.methods, device=str(device), dtype=dtype):
+            # A call the kernels do not serve runs the reference: its plan is that one line, not the
+            # kernel plan the interpreter would follow.
+            print(
+                plan if plan.reason is None else f"plan of {plan.method}: PyTorch reference ({plan.reason})"
+            )
+    rows = bench_methods(args.shape, args.methods, device=str(device), dtype=dtype, repeat=args.repeat)
+    print(f"shape {args.shape} {args.dtype} on {device}")
+    # A CPU computes a few GFLOP/s: TFLOP/s would print 0.000.
+    unit, per = ("TFLOP/s", 1.0) if device.type == "cuda" else ("GFLOP/s", 1e3)
     for r in rows:
-        print(f"{r['name']:26s} {r['ms']:10.2f} ms {r['tflops']:9.3f} TFLOP/s {r['vs_sdpa']:7.3f}x sdpa")
+        print(f"{r['name']:26s} {r['ms']:10.2f} ms {r['tflops'] * per:9.3f} {unit} {r['vs_sdpa']:7.3f}x sdpa")
     return 0

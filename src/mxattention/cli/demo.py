@@ -9,20 +9,18 @@ seeds); the demo is its quick slice, so its numbers differ from the README's (se
 from __future__ import annotations
 
 import argparse
-import sys
 
+from mxattention.cli import _requires
 from mxattention.cli._args import (
     add_run_options,
     check_methods,
     check_out_dir,
     check_unique,
+    ensure_out_dir,
     int_in,
     methods_help,
     seed_arg,
 )
-
-NAME = "demo"
-HELP = "run the real models with fp, OCP, NVFP4, Sage and MXAttention; write a report with pictures"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,12 +48,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_options(parser)
 
 
-def _max_texts() -> int | None:
-    try:
-        from mxattention.eval.models.minilm import max_texts
-    except ImportError:
-        return None
-    return max_texts()
+def needed_modules(args: argparse.Namespace) -> list[str]:
+    """The optional packages (import names) the demo imports: both models, the metrics, the figures."""
+    return [
+        *_requires.TERRAIN,
+        *_requires.MINILM,
+        "skimage",
+        "matplotlib",
+        *([] if args.no_progress else ["tqdm"]),
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,27 +64,36 @@ def run(args: argparse.Namespace) -> int:
     check_methods(parser, args.methods)
     check_unique(parser, "--seeds", args.seeds)
     out = check_out_dir(parser, "--out", args.out)
-    limit = _max_texts()
-    if limit is not None and args.texts > limit:
+    _requires.require(parser, needed_modules(args), "the demo")
+    from mxattention.eval.models.minilm import max_texts
+
+    if args.texts > max_texts():
         parser.error(
-            f"argument --texts: at most {limit} (the sentences this Python's docstrings give), got {args.texts}"
+            f"argument --texts: at most {max_texts()} (the sentences this Python's docstrings give), got {args.texts}"
         )
     if "fp" not in args.methods:
         args.methods = ["fp", *args.methods]
-    try:
-        from mxattention.eval.demo import run_demo, summary_table
-        from mxattention.eval.runtime import quiet_third_party_logs, use_threads
-    except ImportError as exc:
-        print(
-            f"mxattention demo: a package it needs is missing ({exc.name}); run scripts/setup.sh",
-            file=sys.stderr,
-        )
-        return 1
+    ensure_out_dir(parser, "--out", out)
+
+    from mxattention.eval.demo import run_demo, summary_table
+    from mxattention.eval.runtime import process_start_time, quiet_third_party_logs, use_threads
+
     flags = ["--out", str(out), "--texts", str(args.texts), "--seeds", *map(str, args.seeds)]
     flags += ["--methods", *args.methods]
     quiet_third_party_logs()
     use_threads(args.threads)
-    res = run_demo(out, args.methods, args.texts, args.seeds, argv=flags, show_progress=not args.no_progress)
+    res = run_demo(
+        out,
+        args.methods,
+        args.texts,
+        args.seeds,
+        argv=flags,
+        show_progress=not args.no_progress,
+        started=process_start_time(),
+    )
     print(summary_table(res))
-    print(f"\nreport: {out / 'report.md'}  ({res['meta']['demo_seconds']:.0f} s)")
+    # The same number as report.md's and study.json's: the wall time from the process start.
+    print(
+        f"\nreport: {out / 'report.md'}  ({res['meta']['seconds']:.0f} s from the {res['meta']['seconds_from']})"
+    )
     return 0

@@ -13,18 +13,18 @@ import argparse
 import json
 import sys
 
+from mxattention.cli import _requires
 from mxattention.cli._args import (
     add_run_options,
+    check_head_dim,
     check_in_file,
     check_methods,
     check_out_file,
+    ensure_out_dir,
     methods_help,
     rule,
     write_parents,
 )
-
-NAME = "diagnose"
-HELP = "row-sum study, q sweep and per-method errors on saved Q/K/V or live model captures"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -119,27 +119,38 @@ def _row(line: str, bar: bool) -> None:
         print(line, flush=True)
 
 
+def needed_modules(args: argparse.Namespace) -> list[str]:
+    """The optional packages (import names) this run imports: the model's, matplotlib for --plot, tqdm."""
+    model = {"terrain": _requires.TERRAIN, "minilm": _requires.MINILM}.get(args.model, ())
+    return [*model, *(["matplotlib"] if args.plot else []), *([] if args.no_progress else ["tqdm"])]
+
+
 def run(args: argparse.Namespace) -> int:
     parser = args.parser
     check_methods(parser, args.methods)
     json_path = check_out_file(parser, "--json", args.json, (".json",))
     plot_path = check_out_file(parser, "--plot", args.plot, (".png", ".pdf", ".svg"))
+    what = f"--model {args.model}" if args.model else "diagnose"
+    _requires.require(parser, needed_modules(args), what)
     args.layers = load_tensors(parser, args.tensors) if args.tensors is not None else None
+    if args.layers is not None:
+        for head_dim in sorted({lay.q.shape[-1] for lay in args.layers}):
+            check_head_dim(parser, f"--tensors {args.tensors}", head_dim, args.methods)
+    for option, path in (("--json", json_path), ("--plot", plot_path)):
+        if path is not None:
+            ensure_out_dir(parser, option, path.parent)
 
     from mxattention.eval.diagnostics import method_errors, q_sweep, rowsum_study
     from mxattention.eval.runtime import progress, quiet_third_party_logs, use_threads
 
     quiet_third_party_logs()
     use_threads(args.threads)
+    if args.model is not None and not args.no_progress:
+        print(f"capturing the attention layers of {args.model} ...", file=sys.stderr, flush=True)
     try:
-        if args.model is not None and not args.no_progress:
-            print(f"capturing the attention layers of {args.model} ...", file=sys.stderr, flush=True)
         layers = _load_layers(args)
-    except ImportError as exc:
-        print(
-            f"mxattention diagnose: a package it needs is missing ({exc.name}); run scripts/setup.sh",
-            file=sys.stderr,
-        )
+    except ImportError as exc:  # installed (checked above) but broken, e.g. one of its own requirements
+        print(f"mxattention diagnose: error: {args.model}: cannot import {exc.name}: {exc}", file=sys.stderr)
         return 1
     results = []
     print(

@@ -18,20 +18,19 @@ import argparse
 import sys
 from pathlib import Path
 
+from mxattention.cli import _requires
 from mxattention.cli._args import (
     check_in_file,
     check_methods,
     check_out_dir,
     check_unique,
     device_arg,
+    ensure_out_dir,
     finite_float,
     int_in,
     methods_help,
     seed_arg,
 )
-
-NAME = "eval"
-HELP = "paired-seed quality report of a diffusers pipeline: FP vs each method, with frame grids"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -110,6 +109,10 @@ def run(args: argparse.Namespace) -> int:
         args.parser.error(f"--prompts {args.prompts} holds no prompt")
     if args.policy == "wan22" and (args.steps is None or args.steps < 2):
         args.parser.error("--policy wan22 needs --steps >= 2 (it keeps the last 2 steps in high precision)")
+    _requires.require(
+        args.parser, ["diffusers", "matplotlib", "skimage", *([] if args.no_progress else ["tqdm"])]
+    )
+    ensure_out_dir(args.parser, "--out", out)
     from mxattention.eval.runtime import quiet_third_party_logs
 
     quiet_third_party_logs()  # before diffusers' import, which logs one of them

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from mxattention.cli._args import check_out_file, write_parents
+from mxattention.cli import _requires
+from mxattention.cli._args import check_out_file, ensure_out_dir, write_parents
 from mxattention.eval.plots import plot_figure2, theory_q_grid
 from mxattention.formats.ladders import LADDERS, get_ladder
 from mxattention.theory import (
@@ -31,8 +32,6 @@ from mxattention.theory import (
     rule_table,
 )
 
-NAME = "theory"
-HELP = "rule table and optimal scaling boundary (why 7.25), optionally Figure 2"
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 TABLE_GRID_STEPS = 40  # 6.00..8.00 step 0.05 for e2m1, as in the paper's sweep
 
@@ -146,6 +145,11 @@ def run(args: argparse.Namespace) -> int:
     plot_path = check_out_file(parser, "--plot", args.plot, PLOT_SUFFIXES)
     json_path = check_out_file(parser, "--json", args.json)
     elems = sorted(LADDERS) if args.all_elems else [args.elem]
+    if plot_path is not None:
+        _requires.require(parser, ["matplotlib"], "--plot")
+    for option, path in (("--json", json_path), ("--plot", plot_path)):
+        if path is not None:  # before the table is printed: a path that cannot be written is a usage error
+            ensure_out_dir(parser, option, path.parent)
 
     report: dict[str, Any] = {"elems": {}, "optimal_boundaries": {}}
     for elem in elems:
@@ -171,12 +175,6 @@ def run(args: argparse.Namespace) -> int:
         if plot_path is not None:
             plot_figure2(write_parents(plot_path), elems[0])
             print(f"wrote {plot_path}")
-    except ImportError as exc:
-        print(
-            f"mxattention theory: error: --plot needs matplotlib ({exc}); install mxattention[eval]",
-            file=sys.stderr,
-        )
-        return 1
     except OSError as exc:
         print(
             f"mxattention theory: error: cannot write {exc.filename or 'output'}: {exc.strerror}",

@@ -7,6 +7,8 @@
 - `use_threads(requested)`: applies that choice to torch and prints it in one line (stderr).
 - `progress(iterable, desc)`: a tqdm bar on stderr (one line per finished phase), or the plain
   iterable when progress is off.
+- `process_start_time()`: when this process started (epoch seconds), so that a report's duration is
+  the one a user measures around the command, imports included.
 - `quiet_third_party_logs()`: drops the few import-time messages of optional packages that say
   nothing about this run (torchao's C-extension loads, its enum registrations, diffusers' note that
   torchao's tensor classes cannot be imported); every other message still shows.
@@ -57,6 +59,21 @@ def use_threads(requested: int | None = None, *, announce: bool = True) -> int:
     if announce:
         print(f"torch threads: {n} ({why}; --threads N or OMP_NUM_THREADS=N sets it)", file=sys.stderr)
     return n
+
+
+def process_start_time() -> float | None:
+    """Wall-clock time (epoch seconds, `time.time()`'s clock) at which this process started, from
+    /proc on Linux (10 ms resolution), or None where /proc is not there."""
+    import time
+
+    try:
+        with open("/proc/self/stat") as f:  # field 22, after the ")" that closes the command name
+            started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - (uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def progress(items: Iterable[T], desc: str, *, enabled: bool = True, total: int | None = None) -> Iterator[T]:

@@ -167,6 +167,7 @@ def terrain_part(methods: Sequence[str], seeds: Sequence[int], *, show: bool = T
     return {
         "seeds": list(seeds),
         "layers": [f"{lay.name} {tuple(lay.q.shape)}" for lay in layers],
+        "layer_tokens": [int(lay.k.shape[-2]) for lay in layers],
         "attention_calls": calls,
         "layer_rel_l2": errors,
         "heightmap_quality": quality,
@@ -207,6 +208,36 @@ def _psnr(q: dict) -> str:
     return "identical" if q["psnr_db"] == float("inf") else f"{q['psnr_db']:.2f}"
 
 
+FOUR_BIT = ("mxfp4", "nvfp4")
+
+
+def four_bit_class(method: str) -> bool:
+    """Whether `method` computes Q K^T in 4 bits (Q and K MXFP4 or NVFP4; P~ and V may be wider, as in
+    the -pv8 presets): the class of the 4-bit attention kernels that FP4 hardware ships."""
+    cfg = get_method(method)
+    return all(s is not None and s.format in FOUR_BIT for s in (cfg.q, cfg.k))
+
+
+def leader_sentences(res: dict) -> list[str]:
+    """Which 4-bit-class method of the run is most accurate on each model, with the runner-up, from the
+    run's own numbers (terrain: mean heightmap PSNR; MiniLM: embedding cosine). [] with fewer than two."""
+    psnr = {k: q["psnr_db"] for k, q in res["terrain"]["heightmap_quality"].items() if four_bit_class(k)}
+    cos = {k: c for k, c in res["minilm"]["embedding_cosine"].items() if four_bit_class(k)}
+    if len(psnr) < 2 or len(cos) < 2:
+        return []
+    (t1, t2), (m1, m2) = (sorted(d, key=d.__getitem__, reverse=True)[:2] for d in (psnr, cos))
+    both = t1 == m1
+    head = (
+        f"Most accurate 4-bit-class method (Q K^T in 4 bits) of this run on both models: {t1}"
+        if both
+        else f"Most accurate 4-bit-class method (Q K^T in 4 bits) of this run: {t1} on terrain, {m1} on MiniLM"
+    )
+    return [
+        f"{head} (terrain {psnr[t1]:.2f} dB against {t2}'s {psnr[t2]:.2f} dB; MiniLM cosine {cos[m1]:.5f} "
+        f"against {m2}'s {cos[m2]:.5f})."
+    ]
+
+
 def conclusion(res: dict) -> list[str]:
     """A few sentences with the headline numbers (only for the methods this run has)."""
     out: list[str] = []
@@ -232,11 +263,14 @@ def conclusion(res: dict) -> list[str]:
             f"MXAttention is {gain:+.2f} dB against direct OCP MXFP4; its per-seed PSNR spans "
             f"{min(per):.1f}-{max(per):.1f} dB, so a mean over few seeds moves by several dB."
         )
-    others = [k for k in ("nvfp4", "nvfp4-sage", "mxattention-pv8") if k in q]
+    others = [k for k in ("nvfp4", "nvfp4-sage", "mxattention-pv8", "mxattention-pv8-smooth") if k in q]
     if others:
         out.append("For comparison: " + ", ".join(f"{k} {q[k]['psnr_db']:.2f} dB" for k in others) + ".")
     cos = m["embedding_cosine"]
-    keys = [k for k in ("mxfp4-ocp", "mxattention", "nvfp4", "nvfp4-sage") if k in cos]
+    out += leader_sentences(res)
+    keys = [
+        k for k in ("mxfp4-ocp", "mxattention", "mxattention-pv8-smooth", "nvfp4", "nvfp4-sage") if k in cos
+    ]
     if keys:
         out.append(
             f"MiniLM-L6 ({m['texts']} sentences), sentence-embedding cosine to fp: "
@@ -279,7 +313,7 @@ def render_markdown(res: dict, *, title: str = "Study on real pretrained weights
         f"# {title}",
         "",
         f"{meta['date']}, {meta['machine']}, torch {meta['torch']}{threads}. Command: `{meta['command']}` "
-        f"({meta['seconds']:.0f} s).",
+        f"({meta['seconds']:.0f} s{' from the ' + meta['seconds_from'] + ' to this report' if 'seconds_from' in meta else ''}).",
         "",
         "## Conclusion",
         "",
@@ -369,9 +403,10 @@ def render_markdown(res: dict, *, title: str = "Study on real pretrained weights
                 ],
             )
         out += ["", f"Per-layer rel-L2 ({n_layers} layers, in call order)", ""]
+        tokens = [["keys per row", *map(str, part["layer_tokens"])]] if "layer_tokens" in part else []
         out += _table(
             ["method", *[str(i) for i in range(n_layers)]],
-            [[m, *[f"{x:.3f}" for x in part["layer_rel_l2"][m]]] for m in methods],
+            [*tokens, *[[m, *[f"{x:.3f}" for x in part["layer_rel_l2"][m]]] for m in methods]],
         )
         rs = part["rowsum"]
         split = _mean_split(rs)
@@ -420,6 +455,15 @@ def render_markdown(res: dict, *, title: str = "Study on real pretrained weights
             ],
         )
     return "\n".join(out) + "\n"
+
+
+def write_json(res: dict, path: Path) -> None:
+    """`res` as JSON at `path`, without the keys starting with "_" (heightmaps, RowSumStudy objects)."""
+
+    def public(d: dict) -> dict:
+        return {k: public(v) if isinstance(v, dict) else v for k, v in d.items() if not k.startswith("_")}
+
+    path.write_text(json.dumps(public(res), indent=1))
 
 
 def write_outputs(res: dict, out: Path) -> None:

@@ -196,11 +196,26 @@ def test_xfusers_padding_metadata_is_honoured(xf):
 
 @pytest.mark.parametrize("method", SMOOTH_METHODS)
 def test_two_chunk_ring_merge_with_the_lse(xf, method):
-    from torch.distributed.tensor.experimental._context_parallel._attention import _SDPAMerger
+    from torch.distributed.tensor.experimental._context_parallel._attention import (
+        _cp_options,
+        _SDPAMerger,
+        _templated_ring_attention,
+    )
 
-    attend = _dispatch(xf, register_xdit_backend(method))
+    member = register_xdit_backend(method)
+    attend = _dispatch(xf, member)
     q, k, v = _qkv()
     one, one_lse = attend(q, k, v)
+    # xfuser's ring_attn call, verbatim but for the group (its ring group exists only with CUDA): at
+    # world size 1 one step, the single call's bits.
+    kwargs = {"dropout_p": 0.0, "is_causal": False, "joint_attn_kwargs": None, "attention_kwargs": None}
+    fn = xf.usp._get_attention_function(member)
+    balance, _cp_options.enable_load_balance = _cp_options.enable_load_balance, False  # as ring_attn sets it
+    try:
+        ring1, ring1_lse = _templated_ring_attention(torch.distributed.group.WORLD, 1, fn, q, k, v, **kwargs)
+    finally:
+        _cp_options.enable_load_balance = balance
+    assert torch.equal(ring1, one) and torch.equal(ring1_lse, one_lse)
     fp, fp_lse = mx_sdpa(q, k, v, method="fp", return_lse=True)
     pieces = [attend(q, kc, vc) for kc, vc in zip(k.chunk(2, dim=2), v.chunk(2, dim=2), strict=True)]
     merger = _SDPAMerger(True, seq_dim=2)  # xfuser's ring merge (torch's _templated_ring_attention)

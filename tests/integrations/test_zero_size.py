@@ -38,8 +38,10 @@ def _qkv(b, h, lq, lk, d, dv):
 def test_zero_size_calls_are_served_alike(case):
     q, k, v = _qkv(*CASES[case])
     want = mxattention.scaled_dot_product_attention(q, k, v, is_causal=True)
-    if case != "head_dim":  # (D = 0: the mean of V^, quantized; torch's is the mean of V)
+    if case not in ("head_dim", "heads"):  # D = 0: the mean of V^, quantized; torch's is the mean of V
         assert torch.equal(want, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    if case == "heads":  # torch 2.11's CPU SDPA dies of SIGFPE on zero heads (2.13 gives this)
+        assert want.shape == (1, 0, 5, 8)
     with patch_sdpa("mxattention", strict=True) as patch:
         got = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert torch.equal(got, want)

@@ -35,7 +35,7 @@ from torch._library.effects import EffectType
 from mxattention._callsite import warn_at_call_site
 from mxattention.attention.config import AttentionConfig, get_method
 from mxattention.dispatch import scaled_dot_product_attention as mx_sdpa
-from mxattention.integrations._support import CallStats, torch_attention_with_lse
+from mxattention.integrations._support import CallStats, original_sdpa, torch_attention_with_lse
 from mxattention.integrations.policy import (
     _UNSET,
     NATIVE,
@@ -265,6 +265,30 @@ class Router:
 # ---- the custom ops ------------------------------------------------------------------------------
 
 _TAGS = (torch.Tag.cudagraph_unsafe,)
+
+
+class NamedBackend(Router):
+    """A backend registered under a name by a framework (diffusers, xDiT): its method, policy,
+    options and counts; the calls it does not quantize run torch's own SDPA."""
+
+    def __init__(
+        self,
+        name: str,
+        method: AttentionConfig,
+        policy: PrecisionPolicy | None,
+        *,
+        label: str,
+        strict: bool = False,
+        autograd: str = "error",
+    ) -> None:
+        super().__init__(method, policy, strict=strict, autograd=autograd)
+        self.name = name
+        self.label = label
+
+    def native(self, query, key, value, attn_mask, is_causal, scale, enable_gqa) -> torch.Tensor:
+        return original_sdpa(
+            query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+        )
 
 
 @torch.library.custom_op("mxattention::routed_sdpa", mutates_args=(), tags=_TAGS)

@@ -51,7 +51,7 @@ from diffusers.models import attention_dispatch as _ad
 from mxattention.attention.config import PRESETS, AttentionConfig, get_method
 from mxattention.dispatch import scaled_dot_product_attention as mx_sdpa
 from mxattention.integrations._routing import (
-    Router,
+    NamedBackend,
     check_options,
     route_decide,
     routed_sdpa,
@@ -65,24 +65,8 @@ DEFAULT_NAME = "mxattention"
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")
 
 
-class _Registration(Router):
-    """One registered backend name: its method, policy, options and counts."""
-
-    def __init__(
-        self, name: str, method: AttentionConfig, policy: PrecisionPolicy | None, strict: bool, autograd: str
-    ) -> None:
-        super().__init__(method, policy, strict=strict, autograd=autograd)
-        self.name = name
-        self.label = f"mxattention diffusers backend {name!r}"
-
-    def native(self, query, key, value, attn_mask, is_causal, scale, enable_gqa) -> torch.Tensor:
-        return original_sdpa(
-            query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
-        )
-
-
 _lock = threading.Lock()
-_registry: dict[str, _Registration] = {}
+_registry: dict[str, NamedBackend] = {}
 
 
 def backend_name(method: str | AttentionConfig) -> str:
@@ -201,7 +185,7 @@ def mxattention_backward_op(ctx: Any, grad_out: torch.Tensor, *args: Any, **kwar
 
 
 def _attention(
-    reg: _Registration,
+    reg: NamedBackend,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -359,7 +343,14 @@ def register_diffusers_backend(
         ):
             return name
         member = _enum_member(name)
-        _registry[name] = _Registration(name, cfg, policy, strict, autograd)
+        _registry[name] = NamedBackend(
+            name,
+            cfg,
+            policy,
+            label=f"mxattention diffusers backend {name!r}",
+            strict=strict,
+            autograd=autograd,
+        )
         if old is None:
             _ad._AttentionBackendRegistry.register(
                 member, constraints=[_check_inputs], supports_context_parallel=True
@@ -372,7 +363,7 @@ def register_preset_backends(policy: PrecisionPolicy | None = None) -> list[str]
     return [register_diffusers_backend(m, policy=policy) for m in PRESETS]
 
 
-def _get(name: str) -> _Registration:
+def _get(name: str) -> NamedBackend:
     try:
         return _registry[name]
     except KeyError:

@@ -49,8 +49,8 @@ from typing import Any
 import torch
 
 from mxattention.attention.config import AttentionConfig, get_method
-from mxattention.integrations._routing import Router, check_options, routed_sdpa
-from mxattention.integrations._support import original_sdpa, torch_attention_with_lse, unsupported_reason
+from mxattention.integrations._routing import NamedBackend, check_options, routed_sdpa
+from mxattention.integrations._support import torch_attention_with_lse, unsupported_reason
 from mxattention.integrations.policy import PrecisionPolicy
 
 DEFAULT_NAME = "MXATTENTION"
@@ -65,24 +65,8 @@ def _xfuser_registry() -> Any:
     return attention_backend
 
 
-class _Registration(Router):
-    """One registered backend name: its method, policy, options and counts."""
-
-    def __init__(
-        self, name: str, method: AttentionConfig, policy: PrecisionPolicy | None, strict: bool
-    ) -> None:
-        super().__init__(method, policy, strict=strict)
-        self.name = name
-        self.label = f"mxattention xDiT backend {name!r}"
-
-    def native(self, query, key, value, attn_mask, is_causal, scale, enable_gqa) -> torch.Tensor:
-        return original_sdpa(
-            query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
-        )
-
-
 _lock = threading.Lock()
-_registry: dict[str, _Registration] = {}
+_registry: dict[str, NamedBackend] = {}
 
 
 def xdit_backend_name(method: str | AttentionConfig) -> str:
@@ -141,7 +125,7 @@ def _keys_and_mask(
 
 
 def _attention(
-    reg: _Registration,
+    reg: NamedBackend,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -214,13 +198,15 @@ def register_xdit_backend(
         member = _enum_member(enum_cls, name)
         if old is not None and old.method == cfg and old.policy is policy and old.strict == strict:
             return member
-        _registry[name] = _Registration(name, cfg, policy, strict)
+        _registry[name] = NamedBackend(
+            name, cfg, policy, label=f"mxattention xDiT backend {name!r}", strict=strict
+        )
         if old is None:
             ab.register_attention_function(member)(_backend_fn(name))
     return member
 
 
-def _get(name: str) -> _Registration:
+def _get(name: str) -> NamedBackend:
     try:
         return _registry[name]
     except KeyError:

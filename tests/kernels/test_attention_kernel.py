@@ -152,17 +152,17 @@ def test_kv_head_chunks_change_nothing(is_causal, heads, device):
     launch: GQA groups stay whole, the mask and the outputs are sliced per chunk, batches kept."""
     from mxattention.kernels.fused import fused_attention
 
-    q, k, v = qkv(2, 6, 3, 70, 150, 64, seed=9)
-    mask = torch.rand(2, 1, 1, 150, generator=torch.Generator().manual_seed(9)) > 0.2
-    mask = mask.expand(2, 6, 70, 150).to(device)
+    q, k, v = qkv(2, 6, 3, 70, 100, 64, seed=9)  # one key tile: the chunks are what is tested
+    mask = torch.rand(2, 1, 1, 100, generator=torch.Generator().manual_seed(9)) > 0.2
+    mask = mask.expand(2, 6, 70, 100).to(device)
     cfg = get_method("mxattention")
     args = dict(
         mask=mask, is_causal=is_causal, scale=0.125, matrix_path="bf16", kv_layout="bf16", debug_p=True
     )
     q, k, v = q.to(device), k.to(device), v.to(device)
     whole = fused_attention(q, k, v, cfg, kv_chunk_bytes=None, **args)
-    # One KV head's K^ + V^ (2 batches, 256 padded keys, 64 + 64 columns, bf16) is 131072 bytes.
-    parts = fused_attention(q, k, v, cfg, kv_chunk_bytes=heads * 131072, **args)
+    # One KV head's K^ + V^ (2 batches, 128 padded keys, 64 + 64 columns, bf16) is 65536 bytes.
+    parts = fused_attention(q, k, v, cfg, kv_chunk_bytes=heads * 65536, **args)
     for a, b in zip(whole, parts, strict=True):
         assert torch.equal(a, b)
 

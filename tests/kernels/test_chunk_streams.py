@@ -173,9 +173,9 @@ def test_describe_prints_the_streams():
 def test_halved_chunks_change_nothing(device):
     """The two-stream plan's chunks (in order on the CPU, overlapped on a GPU) give the bits of
     the one-stream plan's: GQA, 2 batches, 3 KV heads in 3 chunks, the `tl` kernel with Q(P~)."""
-    q, k, v = (t.to(device) for t in qkv(2, 6, 3, 70, 150, 64, seed=31))
+    q, k, v = (t.to(device) for t in qkv(2, 6, 3, 70, 100, 64, seed=31))
     cfg = get_method("mxattention")
-    per_pair = 2 * 2 * 256 * (64 + 64)  # bf16 K^ + V^ of one KV head, both batches
+    per_pair = 2 * 2 * 128 * (64 + 64)  # bf16 K^ + V^ of one KV head, both batches
     args = dict(scale=0.125, matrix_path="bf16", kv_layout="bf16", debug_p=True, kv_chunk_bytes=2 * per_pair)
     one = fused.fused_attention(q, k, v, cfg, chunk_streams=1, **args)
     p = plan.plan_call(cfg, q, k, v, chunk_streams=2, **args)

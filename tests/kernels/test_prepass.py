@@ -34,9 +34,15 @@ def _check_qk(x, rule, hadamard, device):
     assert (codes[..., nb * 16 :] == 0).all() and (scales[..., nb:] == 127).all()  # padding cols
 
 
-@pytest.mark.parametrize("rule", RULES)
-@pytest.mark.parametrize("hadamard", [False, True])
-@pytest.mark.parametrize("d", [32, 64, 80, 128, 160, 256])
+def _covering(ds, rules, hadamards=(False, True)):
+    """(d, hadamard, rule) runs: every head dim with and without rotation, the rules taken in turn, so
+    every rule meets both rotation settings and several head dims (the rule only sets the scale
+    constants: its bit-for-bit check on every hard value is test_qk_hard_values / test_v_*)."""
+    runs = [(d, h) for d in ds for h in hadamards]
+    return [(d, h, rules[i % len(rules)]) for i, (d, h) in enumerate(runs)]
+
+
+@pytest.mark.parametrize("d,hadamard,rule", _covering([32, 64, 80, 128, 160, 256], RULES))
 def test_qk_bytes_equal_mx_quantize(rule, hadamard, d, device):
     g = torch.Generator().manual_seed(d * 7 + hadamard)
     _check_qk(_outliers((2, 2, 37, d), g), rule, hadamard, device)
@@ -88,8 +94,7 @@ def test_qk_half_inputs(dtype, device):
     _check_qk(_outliers((1, 2, 50, 64), g).to(dtype), "uos", True, device)
 
 
-@pytest.mark.parametrize("rule", RULES)
-@pytest.mark.parametrize("d", [32, 64, 80, 128, 256])
+@pytest.mark.parametrize("d,rule", [(d, RULES[i]) for i, d in enumerate([32, 64, 80, 128, 256])])
 def test_v_bytes_equal_mx_quantize(rule, d, device):
     g = torch.Generator().manual_seed(d)
     v = _outliers((1, 2, 100, d), g)
@@ -102,9 +107,7 @@ def test_v_bytes_equal_mx_quantize(rule, d, device):
     assert (codes[:, :, :, nb * 16 :] == 0).all() and (scales[:, :, :, nb:] == 127).all()
 
 
-@pytest.mark.parametrize("rule", ("ocp", "uos", 500.0))
-@pytest.mark.parametrize("hadamard", [False, True])
-@pytest.mark.parametrize("d", [32, 80, 128, 256])
+@pytest.mark.parametrize("d,hadamard,rule", _covering([32, 80, 128, 256], ("ocp", "uos", 500.0)))
 def test_qk_e4m3_equals_mx_quantize(rule, hadamard, d, device):
     """The MXFP8 Q^ / K^ pass (elem="e4m3"): code bytes and scales of mx_quantize(rotate(x)), padding
     rows and columns zero, and the bf16 values of fake_quantize (blocks under 1e-30 left out)."""
@@ -127,8 +130,7 @@ def test_qk_e4m3_equals_mx_quantize(rule, hadamard, d, device):
     assert torch.equal(y.isnan(), want.isnan()) and torch.equal(y[~y.isnan()], want[~want.isnan()])
 
 
-@pytest.mark.parametrize("rule", ("ocp", "uos", 500.0))
-@pytest.mark.parametrize("d", [64, 80, 256])
+@pytest.mark.parametrize("d,rule", [(64, "ocp"), (80, "uos"), (256, 500.0)])
 def test_v_e4m3_equals_mx_quantize(rule, d, device):
     """The MXFP8 V^ pass (elem="e4m3"): one code byte per key equal to mx_quantize's, and the bf16
     values equal fake_quantize's (blocks scaled below 2**-124, not bf16 numbers, left out: 1e-30)."""

@@ -28,14 +28,21 @@ def test_finds_28_attention_layers() -> None:
     assert terrain.count_attention_layers(terrain.load_terrain_unet()) == 28
 
 
-@pytest.mark.parametrize("attn_fn", [None, torch_sdpa], ids=["graph-math", "torch-sdpa"])
-def test_torch_matches_onnxruntime(attn_fn) -> None:
+@pytest.fixture(scope="module")
+def onnxruntime_case() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(noisy, sigma, difficulty, onnxruntime's denoised output): one session run for both tests."""
     rng = np.random.default_rng(123)
     noisy = rng.standard_normal((2, 1, 128, 128), dtype=np.float32) * np.float32(terrain.SIGMA_MAX)
     sigma = np.full(2, terrain.SIGMA_MAX, dtype=np.float32)
     difficulty = np.array([0.2, 0.9], dtype=np.float32)
     session = ort.InferenceSession(str(terrain.terrain_onnx_path()), providers=["CPUExecutionProvider"])
     expected = session.run(["denoised"], {"noisy": noisy, "sigma": sigma, "difficulty": difficulty})[0]
+    return noisy, sigma, difficulty, expected
+
+
+@pytest.mark.parametrize("attn_fn", [None, torch_sdpa], ids=["graph-math", "torch-sdpa"])
+def test_torch_matches_onnxruntime(attn_fn, onnxruntime_case) -> None:
+    noisy, sigma, difficulty, expected = onnxruntime_case
     got = terrain.denoise(
         torch.from_numpy(noisy), torch.from_numpy(sigma), torch.from_numpy(difficulty), attn_fn
     )

@@ -8,6 +8,13 @@ from hypothesis import settings
 # choice is made here, before any test module can import it: without a GPU, the interpreter.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    try:
+        from tests.interpreter_speedup import install
+
+        install()
+    except ImportError:  # no Triton: nothing is interpreted
+        pass
 
 settings.register_profile("ci", max_examples=60, deadline=None)
 settings.register_profile("dev", max_examples=30, deadline=None)

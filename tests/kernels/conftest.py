@@ -14,3 +14,14 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.fixture
 def device() -> str:
     return DEVICE
+
+
+@pytest.fixture(autouse=True)
+def _fresh_sm_count():
+    """`sm_count` is cached per device; tests that fake the device's properties (132 or 3 SMs) must
+    not see another test's answer, nor leave theirs behind."""
+    from mxattention.kernels._triton import sm_count
+
+    sm_count.cache_clear()
+    yield
+    sm_count.cache_clear()

@@ -16,6 +16,11 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     except ImportError:  # no Triton: nothing is interpreted
         pass
 
+# One intra-op thread per test process: the suite runs as `-n 2` on 2 cores, where a second torch
+# thread per worker only oversubscribes the cores, and its OpenMP spin-waits burn CPU (the terrain
+# UNet: 0.9 s of CPU per map on 1 thread, 4-11 s on 2 under load) without finishing sooner.
+torch.set_num_threads(1)
+
 settings.register_profile("ci", max_examples=60, deadline=None)
 settings.register_profile("dev", max_examples=30, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -102,6 +102,20 @@ def test_demo_small(tmp_path, capsys, quick_rowsums):
     best_m = max(("mxfp4-ocp", "mxattention"), key=cos.__getitem__)
     leader = f"on both models: {best_t}" if best_t == best_m else f"{best_t} on terrain, {best_m} on MiniLM"
     assert "Most accurate 4-bit-class method (Q K^T in 4 bits)" in concl and leader in concl
+    # The study's numbers on this real run (tests/eval/test_study.py checks run_study's own files on
+    # stored results, so the two real models run end to end once in the suite: here).
+    assert q["mxattention"]["psnr_db"] > 20
+    assert data["minilm"]["layer_rel_l2"]["fp"] == [0.0] * 6
+    assert len(data["terrain"]["layer_rel_l2"]["mxattention"]) == 28
+    assert all(e > 0 for e in data["terrain"]["layer_rel_l2"]["mxfp4-ocp"])
+    assert 0.5 < data["minilm"]["rowsum"][0]["mean_row_sum"] < 1.0
+    # The study's tables render from the demo's study.json.
+    from mxattention.eval.study import main as study_main
+
+    assert study_main(["--out", str(out), "--render-only"]) == 0
+    assert (out / "study.md").read_text().startswith("# Study on real pretrained weights")
+    table = (out / "readme_table.md").read_text()
+    assert "2 paired seed(s): 0, 3" in table and "| **mxattention** (Hadamard + UOS + PNQ) |" in table
 
 
 def test_demo_rejects_unknown_method(capsys):

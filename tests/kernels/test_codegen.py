@@ -21,6 +21,8 @@ from mxattention.kernels import targets as tg
 from mxattention.kernels.fused import launch_config
 from mxattention.kernels.plan import default_matrix_path
 
+from .helpers import once_per_run
+
 # One build per MX target at the benchmark's head dim, plus a control the checks must flag: sm_90a
 # has no FP4 MMA, so there Triton decodes dot_scaled's operands to bf16.
 MX_BUILDS = ("sm_100a/d128", "sm_120a/d128", "gfx950/d128")
@@ -54,20 +56,24 @@ NATIVE_MMA = {"sm_100a": "UTCOMMA", "sm_120a": "OMMA.SF.16864.F32.E2M1.E2M1", "g
 def builds(tmp_path_factory, request) -> dict[str, dict]:
     """Summaries of MX_BUILDS and CONTROL, built in one fresh process: the interpreter this test
     session uses cannot build, and an empty cache makes every run compile."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton_cache"))
-    cmd = [
-        sys.executable,
-        "-m",
-        "mxattention.kernels.codegen",
-        *MX_BUILDS,
-        *PV8_BUILDS,
-        CONTROL,
-        *GLUON_BUILDS,
-    ]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-4000:]
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+    def build() -> list[dict]:
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton_cache"))
+        cmd = [
+            sys.executable,
+            "-m",
+            "mxattention.kernels.codegen",
+            *MX_BUILDS,
+            *PV8_BUILDS,
+            CONTROL,
+            *GLUON_BUILDS,
+        ]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        assert out.returncode == 0, out.stderr[-4000:]
+        return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+    rows = once_per_run(tmp_path_factory, "codegen_builds", build)
     report = request.config.pluginmanager.get_plugin("terminalreporter")
     for r in rows:
         line = (

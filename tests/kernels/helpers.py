@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pytest
 import torch
@@ -143,3 +147,24 @@ def qkv(b, hq, hk, lq, lk, d, dv=None, *, seed=0, outliers=True, dtype=torch.flo
     k[:, :, 2] = k[:, :, 3]  # two identical keys
     v[:, :, 4] = 0.0
     return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+T = TypeVar("T")
+
+
+def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[], T]) -> T:
+    """`make()` (a JSON value) once per test run. Under xdist each worker that gets one of a module's
+    tests sets up that module's fixtures, so an offline build shared by a module's tests would run
+    in both workers: the first writes its result in the run's folder, the other waits and reads it."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return make()
+    import fcntl  # POSIX: the CI's Linux
+
+    path = tmp_path_factory.getbasetemp().parent / f"{name}.json"  # this run's, shared by its workers
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return json.loads(path.read_text())
+        result = make()
+        path.write_text(json.dumps(result))
+        return result

@@ -14,10 +14,13 @@ import torch
 
 from mxattention.kernels import prepass_hopper, targets
 
+from .helpers import once_per_run
+
 pytestmark = pytest.mark.skipif(not prepass_hopper.HAS_GLUON, reason="this Triton has no Gluon cp.async")
 
-# Interpreted helpers cannot be called from a Gluon kernel, so the build runs in a fresh process
-# without TRITON_INTERPRET.
+# Interpreted helpers cannot be called from a Gluon kernel, so the builds run in a fresh process
+# without TRITON_INTERPRET: one process for all of them (each process pays torch's and Triton's
+# imports). Each argument names a build: kernel, X's type, variant.
 _BUILD = textwrap.dedent(
     """
     import inspect, json, os, re, subprocess, sys, tempfile
@@ -27,71 +30,85 @@ _BUILD = textwrap.dedent(
     from mxattention.kernels import prepass_hopper as ph
     from mxattention.kernels.rules import rule_constants
 
-    kernel, x_type = sys.argv[1], sys.argv[2]
     rc = rule_constants("uos")
     rule = dict(CEIL=rc.ceil, Q_EXP=rc.q_exp, Q_MANT=rc.q_mant)
-    if kernel == "k":
-        fn, ptrs = ph._k_bf16_pipelined_kernel, {"X": x_type, "Out": "*bf16"}
-        rows, warps = (ph.SMALL_TILE_ROWS, ph.SMALL_WARPS) if sys.argv[3:] == ["small"] else (ph.TILE_ROWS, ph.WARPS)
-        consts = dict(BL=rows, DP=ph.HEAD_DIM, STAGES=ph.STAGES, ROT_LEVELS=7, ROT_NORM=128**-0.5, **rule)
-        options = dict(num_warps=warps)
-    else:
-        fn, ptrs = ph._q_packed_kernel, {"Scales": "*u8", "QM": "*fp32"}
-        smooth = 128 if sys.argv[3:] == ["smooth"] else 0
-        consts = dict(NORM=128**-0.5, FOLD_E_MAX=122, STAGES=ph.Q_STAGES, SMOOTH=smooth, **rule)
-        options = dict(num_warps=ph.Q_WARPS, maxnreg=ph.Q_MAXNREG)
-    names = list(inspect.signature(fn.fn).parameters)
-    sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in names}
-    if kernel == "q":  # the host's descriptor: [1, 1, rows, 2, 32] int32 boxes, 128-byte swizzle
-        layout = ph.gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=5)
-        sig["desc"] = f"tensordesc<i32[1, 1, {16 * ph.Q_WARPS}, 2, 32],{layout}>"
-        out_layout = ph.gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=32, rank=4)
-        sig["codes_desc"] = f"tensordesc<i32[1, 1, {16 * ph.Q_WARPS}, 16],{out_layout}>"
-    src = GluonASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()},
-                         attrs={(names.index(n),): [["tt.divisibility", 16]] for n in ptrs})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    ptx = k.asm["ptx"]
     bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "--dump-resource-usage", f.name],
-                               capture_output=True, text=True, check=True).stdout
-    regs = int(re.search(r"REG:([0-9]+)", usage).group(1))
-    print(json.dumps({"shared": k.metadata.shared, "cp_async": ptx.count("cp.async.cg.shared.global"),
-                      "tma": ptx.count("cp.async.bulk.tensor.5d"), "regs": regs,
-                      "tma_store": ptx.count("cp.async.bulk.tensor.4d.global.shared"),
-                      "shfl": ptx.count(", 1, 0x1f, 0xffffffff;"), "prmt_merge": ptx.count(", 0x7610;")}))
+    for spec in sys.argv[1:]:
+        kernel, x_type, variant = spec.split(",")
+        if kernel == "k":
+            fn, ptrs = ph._k_bf16_pipelined_kernel, {"X": x_type, "Out": "*bf16"}
+            rows, warps = (ph.SMALL_TILE_ROWS, ph.SMALL_WARPS) if variant == "small" else (ph.TILE_ROWS, ph.WARPS)
+            consts = dict(BL=rows, DP=ph.HEAD_DIM, STAGES=ph.STAGES, ROT_LEVELS=7, ROT_NORM=128**-0.5, **rule)
+            options = dict(num_warps=warps)
+        else:
+            fn, ptrs = ph._q_packed_kernel, {"Scales": "*u8", "QM": "*fp32"}
+            smooth = 128 if variant == "smooth" else 0
+            consts = dict(NORM=128**-0.5, FOLD_E_MAX=122, STAGES=ph.Q_STAGES, SMOOTH=smooth, **rule)
+            options = dict(num_warps=ph.Q_WARPS, maxnreg=ph.Q_MAXNREG)
+        names = list(inspect.signature(fn.fn).parameters)
+        sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in names}
+        if kernel == "q":  # the host's descriptor: [1, 1, rows, 2, 32] int32 boxes, 128-byte swizzle
+            layout = ph.gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=5)
+            sig["desc"] = f"tensordesc<i32[1, 1, {16 * ph.Q_WARPS}, 2, 32],{layout}>"
+            out_layout = ph.gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=32, rank=4)
+            sig["codes_desc"] = f"tensordesc<i32[1, 1, {16 * ph.Q_WARPS}, 16],{out_layout}>"
+        src = GluonASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()},
+                             attrs={(names.index(n),): [["tt.divisibility", 16]] for n in ptrs})
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+        ptx = k.asm["ptx"]
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(k.asm["cubin"])
+            f.flush()
+            usage = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "--dump-resource-usage", f.name],
+                                   capture_output=True, text=True, check=True).stdout
+        regs = int(re.search(r"REG:([0-9]+)", usage).group(1))
+        print(json.dumps({"spec": spec, "shared": k.metadata.shared, "regs": regs,
+                          "cp_async": ptx.count("cp.async.cg.shared.global"),
+                          "tma": ptx.count("cp.async.bulk.tensor.5d"),
+                          "tma_store": ptx.count("cp.async.bulk.tensor.4d.global.shared"),
+                          "shfl": ptx.count(", 1, 0x1f, 0xffffffff;"), "prmt_merge": ptx.count(", 0x7610;")}))
     """
 )
+# The distinct kernels. X's type changes only the K^ pass's load conversion (bf16 and fp16 are both
+# 2 bytes: same shared memory, same 16-byte copies), so each type is built once: bf16 with the
+# large tiles, fp16 with the short-key tiles.
+K_LARGE, K_SMALL, Q_PLAIN, Q_SMOOTH = "k,*bf16,large", "k,*fp16,small", "q,*bf16,plain", "q,*bf16,smooth"
 
 
-def _build(kernel: str, x_type: str, *extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [sys.executable, "-c", _BUILD, kernel, x_type, *extra]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory) -> dict[str, dict]:
+    """Resources and PTX counts of each build, by spec; an empty Triton cache makes every run build."""
+
+    def build() -> dict[str, dict]:
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton_cache"))
+        cmd = [sys.executable, "-c", _BUILD, K_LARGE, K_SMALL, Q_PLAIN, Q_SMOOTH]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        assert out.returncode == 0, out.stderr[-3000:]
+        rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+        return {r["spec"]: r for r in rows}
+
+    return once_per_run(tmp_path_factory, "prepass_hopper_builds", build)
 
 
-@pytest.mark.parametrize("x_type", ["*bf16", "*fp16"])
-def test_k_pass_builds_for_sm90(x_type):
-    info = _build("k", x_type)
+def test_k_pass_builds_for_sm90(builds):
+    info = builds[K_LARGE]
     # Two programs per SM must fit the H100/H200's 228 KiB of shared memory.
     assert info["shared"] * prepass_hopper.PROGRAMS_PER_SM <= 227 * 1024
     assert info["cp_async"] > 0  # 16-byte copies: the strides' alignment was proven
 
 
-def test_k_pass_builds_with_short_key_tiles():
-    info = _build("k", "*bf16", "small")
+def test_k_pass_builds_with_short_key_tiles(builds):
+    """Also fp16 X (usable() takes it): built here rather than a second time with the large tiles."""
+    info = builds[K_SMALL]
     assert (info["shared"] + 1024) * prepass_hopper.SMALL_PROGRAMS_PER_SM <= 228 * 1024
     assert info["cp_async"] > 0  # 16-byte copies: the strides' alignment was proven
 
 
 @pytest.mark.parametrize("smooth", [False, True])
-def test_q_pass_builds_for_sm90(smooth):
+def test_q_pass_builds_for_sm90(builds, smooth):
     """Also with Q smoothing (each tile's qm row loaded and subtracted before the rotation)."""
-    info = _build("q", "*bf16", *(["smooth"] if smooth else []))
+    info = builds[Q_SMOOTH if smooth else Q_PLAIN]
     # Row tiles come by TMA (one 5-d box per tile) and their codes leave by TMA (a 4-d box); the
     # programs that fill an SM fit its registers and its 228 KiB of shared memory.
     assert info["tma"] > 0 and info["tma_store"] > 0 and info["regs"] <= prepass_hopper.Q_MAXNREG

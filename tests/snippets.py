@@ -4,7 +4,9 @@ The convention a page follows:
 
 - Every fenced block opened with ```` ```python ```` is a complete program: it runs on its own, on a
   CPU, in a fresh namespace (imports included, nothing carried over from the block before it).
-  Blocks in other languages (```` ```bash ````, ```` ```text ````) are not run.
+  Blocks in other languages (```` ```bash ````, ```` ```text ````) are not run, nor ```` ```py ````
+  blocks: Python programs that need what a test machine lacks (several GPUs, a launcher such as
+  torchrun), shown with Python's highlighting.
 - A comment line ``# prints: TEXT`` (after the code that prints it) says that the block prints the
   line TEXT. The ``# prints:`` lines of a block must appear among its printed lines in the order
   given (other printed lines may come in between). ``...`` inside TEXT matches any characters, for

@@ -20,6 +20,10 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 # thread per worker only oversubscribes the cores, and its OpenMP spin-waits burn CPU (the terrain
 # UNet: 0.9 s of CPU per map on 1 thread, 4-11 s on 2 under load) without finishing sooner.
 torch.set_num_threads(1)
+# The same for the processes tests start (the CLI, gloo workers, offline builds, ab_trees' trees):
+# they read these when they first import torch. A test that wants more threads passes its own.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
 
 settings.register_profile("ci", max_examples=60, deadline=None)
 settings.register_profile("dev", max_examples=30, deadline=None)

@@ -2,7 +2,7 @@
 
 Exposes `original_sdpa` (torch's function as found when this package was first imported, so the
 high-precision and fallback paths never re-enter a patch), `torch_attention_with_lse`,
-`unsupported_reason` and `CallStats`.
+`unsupported_reason`, `CallStats` and `add_enum_member` (a member added to a framework's live backend Enum).
 """
 
 from __future__ import annotations
@@ -155,3 +155,21 @@ class CallStats:
                 "fallback_reasons": dict(self.fallback),
                 "masks": dict(self.masks),
             }
+
+
+def add_enum_member(enum_cls: type, attr: str, value: Any, member: Any) -> Any:
+    """Add `member` (made by the enum's own base: `str.__new__`, `object.__new__`) to the live Enum
+    `enum_cls` as `enum_cls.<attr>` with value `value`, the way the Enum machinery records its own
+    members (frameworks key their attention registries by such enums; both backends extend one)."""
+    member._name_ = attr
+    member._value_ = value
+    member.__objclass__ = enum_cls
+    if hasattr(enum_cls, "_add_member_"):  # Python >= 3.13 keeps the member bookkeeping itself
+        enum_cls._add_member_(attr, member)
+    else:
+        member._sort_order_ = len(enum_cls._member_names_)
+        enum_cls._member_map_[attr] = member
+        enum_cls._member_names_.append(attr)
+        type.__setattr__(enum_cls, attr, member)
+    enum_cls._value2member_map_[value] = member
+    return member

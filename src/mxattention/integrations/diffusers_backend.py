@@ -57,7 +57,12 @@ from mxattention.integrations._routing import (
     routed_sdpa,
     tracks_grad,
 )
-from mxattention.integrations._support import original_sdpa, torch_attention_with_lse, unsupported_reason
+from mxattention.integrations._support import (
+    add_enum_member,
+    original_sdpa,
+    torch_attention_with_lse,
+    unsupported_reason,
+)
 from mxattention.integrations.policy import THREAD_SITE, PrecisionPolicy
 from mxattention.kernels.op import InferenceOnlyError, inference_only_message
 
@@ -84,19 +89,7 @@ def _enum_member(name: str) -> _ad.AttentionBackendName:
     attr = re.sub(r"\W", "_", name).upper()
     if attr in enum_cls._member_map_:
         raise ValueError(f"AttentionBackendName already has a member {attr}")
-    member = str.__new__(enum_cls, name)
-    member._name_ = attr
-    member._value_ = name
-    member.__objclass__ = enum_cls
-    if hasattr(enum_cls, "_add_member_"):  # Python >= 3.13 keeps the member bookkeeping itself
-        enum_cls._add_member_(attr, member)
-    else:
-        member._sort_order_ = len(enum_cls._member_names_)
-        enum_cls._member_map_[attr] = member
-        enum_cls._member_names_.append(attr)
-        type.__setattr__(enum_cls, attr, member)
-    enum_cls._value2member_map_[name] = member
-    return member
+    return add_enum_member(enum_cls, attr, name, str.__new__(enum_cls, name))
 
 
 def _key_mask(attn_mask: torch.Tensor | None, batch: int, k_len: int) -> torch.Tensor | None:

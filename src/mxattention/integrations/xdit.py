@@ -50,7 +50,7 @@ import torch
 
 from mxattention.attention.config import AttentionConfig, get_method
 from mxattention.integrations._routing import NamedBackend, check_options, routed_sdpa
-from mxattention.integrations._support import torch_attention_with_lse, unsupported_reason
+from mxattention.integrations._support import add_enum_member, torch_attention_with_lse, unsupported_reason
 from mxattention.integrations.policy import PrecisionPolicy
 
 DEFAULT_NAME = "MXATTENTION"
@@ -80,20 +80,7 @@ def _enum_member(enum_cls: type[Enum], name: str) -> Enum:
     """The member `name` of xfuser's AttentionBackendType, added to the enum if missing."""
     if name in enum_cls._member_map_:
         return enum_cls[name]
-    value = f"mxattention backend {name}"
-    member = object.__new__(enum_cls)
-    member._name_ = name
-    member._value_ = value
-    member.__objclass__ = enum_cls
-    if hasattr(enum_cls, "_add_member_"):  # Python >= 3.13 keeps the member bookkeeping itself
-        enum_cls._add_member_(name, member)
-    else:
-        member._sort_order_ = len(enum_cls._member_names_)
-        enum_cls._member_map_[name] = member
-        enum_cls._member_names_.append(name)
-        type.__setattr__(enum_cls, name, member)
-    enum_cls._value2member_map_[value] = member
-    return member
+    return add_enum_member(enum_cls, name, f"mxattention backend {name}", object.__new__(enum_cls))
 
 
 def _keys_and_mask(

@@ -19,18 +19,6 @@ from mxattention.cli import _args
 from mxattention.cli.main import main
 
 
-@pytest.fixture
-def no_work(monkeypatch):
-    """The work of demo, diagnose and bench fails the test if it starts."""
-
-    def forbidden(*_a, **_k):
-        raise AssertionError("the command started its work before rejecting its arguments")
-
-    monkeypatch.setattr(mxattention.eval.demo, "run_demo", forbidden)
-    monkeypatch.setattr(mxattention.eval.diagnostics, "rowsum_study", forbidden)
-    monkeypatch.setattr(mxattention.eval.bench, "bench_methods", forbidden)
-
-
 def _error_line(capsys, *words: str) -> str:
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()

@@ -16,25 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import mxattention.eval.bench
-import mxattention.eval.demo
-import mxattention.eval.diagnostics
 from mxattention.cli._args import HelpFormatter
 from mxattention.cli.main import EXIT_BROKEN_PIPE, build_parser, main
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-
-
-@pytest.fixture
-def no_work(monkeypatch):
-    """The work of demo, diagnose and bench fails the test if it starts."""
-
-    def forbidden(*_a, **_k):
-        raise AssertionError("the command started its work before rejecting its arguments")
-
-    monkeypatch.setattr(mxattention.eval.demo, "run_demo", forbidden)
-    monkeypatch.setattr(mxattention.eval.diagnostics, "rowsum_study", forbidden)
-    monkeypatch.setattr(mxattention.eval.bench, "bench_methods", forbidden)
 
 
 @pytest.fixture

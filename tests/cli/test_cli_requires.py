@@ -13,23 +13,10 @@ from pathlib import Path
 
 import pytest
 
-import mxattention.eval.demo
-import mxattention.eval.diagnostics
 from mxattention.cli import _requires
 from mxattention.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def no_work(monkeypatch):
-    """The work of demo and diagnose fails the test if it starts."""
-
-    def forbidden(*_a, **_k):
-        raise AssertionError("the command started its work before checking its packages")
-
-    monkeypatch.setattr(mxattention.eval.demo, "run_demo", forbidden)
-    monkeypatch.setattr(mxattention.eval.diagnostics, "rowsum_study", forbidden)
 
 
 def _hide(monkeypatch, *modules: str) -> None:

@@ -66,18 +66,7 @@ class _nothing:
 def _xfuser_wan(xf: types.SimpleNamespace) -> torch.nn.Module:
     """xfuser's Wan wrapper with tiny_models.wan()'s config and weights (same seed, same init order)."""
     torch.manual_seed(0)
-    return xf.Wan(
-        patch_size=(1, 2, 2),
-        num_attention_heads=2,
-        attention_head_dim=32,
-        in_channels=4,
-        out_channels=4,
-        text_dim=32,
-        freq_dim=32,
-        ffn_dim=64,
-        num_layers=2,
-        rope_max_seq_len=32,
-    ).eval()
+    return xf.Wan(**tiny_models.WAN_CONFIG).eval()
 
 
 @pytest.fixture(scope="module")

@@ -14,22 +14,26 @@ N_TEXT = 16
 N_TEXT_VALID = 11  # HunyuanVideo: the last 5 text tokens are padding, masked out
 
 
+# The tiny Wan transformer's configuration (also built through xfuser's wrapper in test_xdit).
+WAN_CONFIG = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=2,
+    attention_head_dim=32,
+    in_channels=4,
+    out_channels=4,
+    text_dim=32,
+    freq_dim=32,
+    ffn_dim=64,
+    num_layers=2,
+    rope_max_seq_len=32,
+)
+
+
 def wan(seed: int = 0, num_layers: int = 2) -> torch.nn.Module:
     from diffusers import WanTransformer3DModel
 
     torch.manual_seed(seed)
-    return WanTransformer3DModel(
-        patch_size=(1, 2, 2),
-        num_attention_heads=2,
-        attention_head_dim=32,
-        in_channels=4,
-        out_channels=4,
-        text_dim=32,
-        freq_dim=32,
-        ffn_dim=64,
-        num_layers=num_layers,
-        rope_max_seq_len=32,
-    ).eval()
+    return WanTransformer3DModel(**{**WAN_CONFIG, "num_layers": num_layers}).eval()
 
 
 def wan_inputs(seed: int = 1, batch: int = 1, t: float = 500.0) -> dict[str, Any]:

@@ -292,6 +292,20 @@ def sweep(args, log):
     return {"shape": args.sweep_shape, "rows": results}
 
 
+def run_meta() -> dict:
+    """The GPU, the date (UTC), the versions and the command line of this run, for a results file."""
+    import triton
+
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "command": "python " + " ".join(sys.argv),
+    }
+
+
 def _row_ms(rows: dict, name: str) -> float:
     """The median ms of row `name` of one shape's rows, NaN where the row is missing or failed."""
     return rows.get(name, {}).get("ms", math.nan)
@@ -408,7 +422,6 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
-    import triton
 
     names = (
         list(SHAPES)
@@ -423,12 +436,7 @@ def main(argv=None) -> int:
         print(f"[{time.time() - t0:7.1f}s] {msg}", flush=True)
 
     report = {
-        "gpu": torch.cuda.get_device_name(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
-        "command": "python " + " ".join(sys.argv),
+        **run_meta(),
         "warmup_s": args.warmup_s,
         "shapes": [],
     }

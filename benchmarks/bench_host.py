@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import datetime
 import io
 import json
-import platform
 import pstats
 import statistics
 import sys
@@ -28,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_attention import SHAPES
+from bench_attention import SHAPES, run_meta
 
 DEFAULT_SHAPES = ("wan14b-16k", "hunyuan-32k", "cross-32k-512", "wan14b-75k")
 
@@ -212,16 +210,9 @@ def main() -> None:
         ap.error(f"--shapes: unknown {unknown}; known: {', '.join(SHAPES)}")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU")
-    import triton
-
     report = run(args)
     report["meta"] = {
-        "gpu": torch.cuda.get_device_name(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
-        "command": "python " + " ".join(sys.argv),
+        **run_meta(),
         "reps": args.reps,
         "method": args.method,
     }

@@ -49,8 +49,9 @@ def varlen_attention(
 
     Where it runs: as `scaled_dot_product_attention` (fused Triton kernels for CUDA tensors of a
     method they compute, one set of launches for the whole batch; else the PyTorch reference with a
-    `ReferenceFallbackWarning` once per reason); methods with Q smoothing run the reference here.
-    `MXATTENTION_VARLEN_KERNEL=0` runs one dense kernel call per sequence instead.
+    `ReferenceFallbackWarning` once per reason); methods with Q smoothing run one dense kernel call
+    per sequence (the one-launch kernel does not smooth). `MXATTENTION_VARLEN_KERNEL=0` runs one dense
+    kernel call per sequence for every method.
 
     Raises TypeError (q / k / v not fp32 / fp16 / bf16 tensors of one dtype, prefix sums not int32
     tensors, `is_causal` not a bool, `scale` not a number, `max_seqlen_*` not a non-negative int or

@@ -27,6 +27,7 @@ import torch
 from mxattention._callsite import warn_at_call_site
 from mxattention.attention.config import AttentionConfig, get_method
 from mxattention.attention.sdpa import checked_sdpa_reference
+from mxattention.kernels import prepass_hopper
 from mxattention.kernels.fused import run_plan
 from mxattention.kernels.plan import KernelPlan, cpu_kernels_requested, plan_call
 
@@ -113,8 +114,6 @@ def plan_key(
     shape, strides and base alignment (a pass's kernel reads 16-byte alignment and bf16 pairs), the
     mask's layout, causality, the scale, the interpreter switch and the Gluon passes that failed to
     build in this process."""
-    from mxattention.kernels import prepass_hopper
-
     operands = tuple((t.dtype, t.shape, t.stride(), t.data_ptr() % 16) for t in (query, key, value))
     masked = None if mask is None else (mask.dtype, mask.shape, mask.stride())
     env = (cpu_kernels_requested(), len(prepass_hopper._broken))

@@ -329,7 +329,7 @@ PREPASS_TILES = {
 
 
 # The bf16 V^ pass with fewer programs than this per SM takes 2 warps per program (40 heads x 512
-# keys: 5.5 -> 4.4 us on the H200, f26ce6e:benchmarks/results/raw/prepass_small_kv_v10_h200.json).
+# keys: 5.5 -> 4.4 us on the H200, git show f26ce6e:benchmarks/results/raw/prepass_small_kv_v10_h200.json).
 V_SMALL_GRID_PER_SM = 8
 
 

@@ -59,12 +59,12 @@ except (ImportError, AttributeError):  # no Triton, or one without Gluon's cp.as
 TILE_ROWS, WARPS, STAGES, PROGRAMS_PER_SM = 128, 4, 2, 2
 # K^ with fewer tiles than those programs (short keys: cross-attention's 512): tiles of 32 rows, one
 # warp each, spread the few rows over every SM (40 heads x 512 keys: 7.0 -> 6.6 us on the H200,
-# f26ce6e:benchmarks/results/raw/prepass_small_kv_v10_h200.json).
+# git show f26ce6e:benchmarks/results/raw/prepass_small_kv_v10_h200.json).
 SMALL_TILE_ROWS, SMALL_WARPS, SMALL_PROGRAMS_PER_SM = 32, 1, 8
 # Q^: warps per program (16 rows each), TMA ring stages, registers per thread (ptxas gives the loop
 # 128 unbounded; 96 keeps 20 programs per SM without spills at 1 warp), programs per SM in the grid
 # (two waves of the 20 resident: shorter programs balance better); H200 sweep in
-# f26ce6e:benchmarks/results/raw/prepass_q_tma_v10_h200.json.
+# git show f26ce6e:benchmarks/results/raw/prepass_q_tma_v10_h200.json.
 Q_WARPS, Q_STAGES, Q_MAXNREG, Q_PROGRAMS_PER_SM = 1, 2, 96, 40
 HEAD_DIM = 128
 

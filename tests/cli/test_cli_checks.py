@@ -53,14 +53,15 @@ def test_unwritable_output_is_found_before_any_output(argv, option, no_work, cap
     _error_line(capsys, option, "/proc/nowhere", "cannot write")
 
 
-@pytest.mark.parametrize("value", ["100", "2.9", "12.5"])
+@pytest.mark.parametrize("value", ["100", "2.9", "3", "12", "12.5"])
 def test_rule_outside_the_meaningful_range_is_refused(value, no_work, capsys):
+    """The CLI's range is QuantSpec's (`boundary_reason`): open at both ends."""
     assert main(["diagnose", "--model", "minilm", "--rule", value]) == 2
-    _error_line(capsys, "--rule", value, "3..12")
+    _error_line(capsys, "--rule", value, "strictly between 3 and 12")
 
 
-def test_rule_range_ends_and_names_are_accepted():
-    assert [_args.rule(t) for t in ("3", "7.25", "12", "UOS")] == [3.0, 7.25, 12.0, "uos"]
+def test_rule_inside_the_range_and_names_are_accepted():
+    assert [_args.rule(t) for t in ("3.01", "7.25", "11.99", "UOS")] == [3.01, 7.25, 11.99, "uos"]
 
 
 def test_bench_on_cpu_prints_the_path_that_runs(capsys):

@@ -113,17 +113,17 @@ def device_arg(text: str) -> str:
 
 
 def rule(text: str) -> str | float:
-    """An argparse type: an E2M1 shared-scale rule, 'ocp' / 'tfs' / 'uos' or a boundary q in [3, 12].
+    """An argparse type: an E2M1 shared-scale rule, 'ocp' / 'tfs' / 'uos' or a boundary q in (3, 12).
 
-    A boundary q puts the normalized block max in (q/2, q]. The range [max/2, 2 max] = [3, 12] is where
-    the theory searches q (`theory.default_grid`): below 3 the top codes are never used, above 12 every
-    block's max saturates.
+    A boundary q puts the normalized block max in (q/2, q]. The range is the one `QuantSpec` accepts
+    (`formats.scale_rules.boundary_reason`): at q <= 3 the top codes are never used (2q is never
+    worse), at q >= 12 every block's max saturates.
     """
     from mxattention.formats.ladders import E2M1
-    from mxattention.formats.scale_rules import RULE_NAMES, resolve_rule
+    from mxattention.formats.scale_rules import RULE_NAMES, boundary_reason, resolve_rule
 
     low, high = E2M1.max_value / 2, 2 * E2M1.max_value
-    want = f"one of {', '.join(RULE_NAMES)} or a boundary q in {low:g}..{high:g} (e.g. 7.25)"
+    want = f"one of {', '.join(RULE_NAMES)} or a boundary q strictly between {low:g} and {high:g} (e.g. 7.25)"
     value: str | float = text.lower()
     if value not in RULE_NAMES:
         try:
@@ -134,11 +134,9 @@ def rule(text: str) -> str | float:
         resolve_rule(value, E2M1)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"expected {want}: {exc}") from None
-    if isinstance(value, float) and not low <= value <= high:
-        raise argparse.ArgumentTypeError(
-            f"expected {want}, got {text}: the normalized block max lands in (q/2, q], so below "
-            f"{low:g} the top codes are never used and above {high:g} every block saturates"
-        )
+    reason = boundary_reason(value, E2M1) if isinstance(value, float) else None
+    if reason is not None:
+        raise argparse.ArgumentTypeError(f"expected {want}, got {text}: {reason}")
     return value
 
 

@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
             select_modules,
             write_report,
         )
-        from mxattention.integrations import FallbackError
+        from mxattention.ops import FallbackError
         from mxattention.integrations.policy import PrecisionPolicy
     except ImportError as exc:
         print(

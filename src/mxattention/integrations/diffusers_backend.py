@@ -123,7 +123,7 @@ def _varlen_mask_ok(mask: torch.Tensor, batch: int, k_len: int) -> bool:
         and mask.ndim <= 4
         and shape[1:3] == (1, 1)
         and shape[0] in (1, batch)
-        and (shape[3] == k_len)
+        and shape[3] == k_len
     )
 
 
@@ -291,6 +291,7 @@ def _backend_fn(name: str) -> Any:
         reg = _registry[name]
         b, sk = query.shape[0], key.shape[1]
         mask = attn_mask
+        # `_key_mask` written out: each call on the way to the launch costs host time (tests/ops).
         if mask is not None and mask.ndim == 2 and mask.shape == (b, sk):  # [B, Sk] as [B, 1, 1, Sk]
             mask = mask[:, None, None, :]
         if _parallel_config is not None:  # the varlen backend is registered without context parallelism

@@ -328,6 +328,7 @@ def _backend_fn(name: str) -> Any:
                 query, key, value, None, None, -1, -1, is_causal, scale_, reg.method_key, mask, reg.token
             )
             return (out, lse) if return_lse else out
+        # `reg.where()` written out for the eager path, as the mask above.
         site, step = reg.where() if torch.compiler.is_compiling() else (THREAD_SITE, None)
         out, lse = routed_sdpa(
             q, k, v, mask, is_causal, scale_, enable_gqa, return_lse, reg.token, None, site, step

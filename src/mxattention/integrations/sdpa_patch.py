@@ -12,10 +12,10 @@ is routed, including diffusers' "native" backend; code that bound the function e
 (`from torch.nn.functional import scaled_dot_product_attention` at import) is not.
 
 torch.compile: a model compiled (or re-traced) while the patch is installed traces the routing code;
-each routed call is one opaque node, the custom op `mxattention::routed_sdpa` (`mxattention.ops`), which decides (policy),
-counts and computes at run time, so `stats()` counts executed calls and the output equals eager
-execution's. Dynamo guards on the patched attribute: outside the patch the model recompiles with
-torch's SDPA.
+each routed call is one opaque node, the custom op `mxattention::routed_sdpa` (`mxattention.ops`),
+which decides (policy), counts and computes at run time, so `stats()` counts executed calls and the
+output equals eager execution's. Dynamo guards on the patched attribute: outside the patch the model
+recompiles with torch's SDPA.
 
 Gradients: calls whose inputs require grad are quantized too (the forward is the same with or without
 `torch.no_grad()`); a backward through a routed call raises `mxattention.InferenceOnlyError`.
@@ -52,7 +52,7 @@ from mxattention.attention.inputs import sdpa_problem
 from mxattention.integrations._support import check_policy
 from mxattention.integrations.policy import PrecisionPolicy
 from mxattention.ops.call import routed_sdpa
-from mxattention.ops.route import THREAD_SITE, CallStats, Router, computing, tracks_grad
+from mxattention.ops.route import CallStats, Router, computing, tracks_grad
 
 _lock = threading.RLock()
 _stack: list[SdpaPatch] = []  # installed patches, innermost last
@@ -152,7 +152,7 @@ class SdpaPatch(Router):
             self.note_fallback(reason)
             return self._prev(*args, **kw)
         scale_ = None if scale is None else float(scale)
-        site, step = self.where() if torch.compiler.is_compiling() else (THREAD_SITE, None)
+        site, step = self.where()
         out, _ = routed_sdpa(
             query, key, value, attn_mask, is_causal, scale_, enable_gqa, False, self.token, None, site, step
         )

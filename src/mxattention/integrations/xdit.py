@@ -53,7 +53,7 @@ from mxattention.attention.inputs import sdpa_problem
 from mxattention.integrations._support import NamedBackend, add_enum_member, check_policy
 from mxattention.integrations.policy import PrecisionPolicy
 from mxattention.ops.call import routed_sdpa
-from mxattention.ops.route import THREAD_SITE, check_options, torch_attention_with_lse
+from mxattention.ops.route import check_options, torch_attention_with_lse
 
 DEFAULT_NAME = "MXATTENTION"
 _NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -135,7 +135,7 @@ def _attention(
                 "the log-sum-exp xDiT's attention functions must return for it"
             )
         return pair
-    site, step = reg.where() if torch.compiler.is_compiling() else (THREAD_SITE, None)
+    site, step = reg.where()
     return routed_sdpa(query, key, value, mask, is_causal, None, gqa, True, reg.token, None, site, step)
 
 

@@ -275,8 +275,8 @@ def varlen_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed: (O [total_q, H, Dv] in q's dtype, lse [H, total_q] fp32) of the method `method` keys
     (max_seqlen -1 for "compute it"). Padded (`cu_seqlens_*` None): q [B, Sq, H, D], k / v
-    [B, Sk, Hkv, D] and `key_mask` None or bool [B or 1, 1, 1, Sk], each row a sequence on its valid keys; gives
-    (O [B, Sq, H, Dv], lse [B, Sq, H]). `router`: a router's token, counted here (its decision is
+    [B, Sk, Hkv, D] and `key_mask` None or bool [B or 1, 1, 1, Sk], each row a sequence on its valid
+    keys; gives (O [B, Sq, H, Dv], lse [B, Sq, H]). `router`: a router's token, counted here (its decision is
     always QUANTIZED: varlen registrations have no policy). Tagged cudagraph-unsafe: the prefix sums
     are read on the host."""
     if router:

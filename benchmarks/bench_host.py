@@ -122,8 +122,8 @@ def _breakdown(q, k, v, method: str) -> dict:
     import mxattention
     from mxattention.attention.config import get_method
     from mxattention.kernels.fused import run_plan
-    from mxattention.kernels.op import sdpa_op
     from mxattention.kernels.plan import plan_call
+    from mxattention.ops.call import sdpa_op
 
     cfg = get_method(method)
     scale = q.shape[-1] ** -0.5

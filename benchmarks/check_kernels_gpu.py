@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="benchmarks/results", help="folder for check_kernels_gpu.json")
     args = ap.parse_args(argv)
     import mxattention as mx
-    from mxattention.kernels import op
+    from mxattention.ops import errors as op
     from tests.kernels.helpers import compare, qkv
 
     report, ok = {"gpu": torch.cuda.get_device_name(), "cases": []}, True

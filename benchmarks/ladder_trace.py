@@ -36,9 +36,9 @@ from typing import Any
 import torch
 
 from mxattention.attention.config import PRESETS, AttentionConfig
-from mxattention.dispatch import scaled_dot_product_attention
 from mxattention.eval.diagnostics.errors import output_error
 from mxattention.formats.mx import fake_quantize
+from mxattention.ops import scaled_dot_product_attention
 from mxattention.rotation import rotate
 
 MX4, PV8 = "mxattention", "mxattention-pv8"

@@ -13,17 +13,15 @@ from mxattention._version import __version__ as __version__
 
 if TYPE_CHECKING:
     from mxattention.attention import AttentionConfig, QuantSpec, get_method, list_methods, merge_attention
-    from mxattention.dispatch import scaled_dot_product_attention
-    from mxattention.integrations import (
+    from mxattention.integrations import PrecisionPolicy, disable, enable, patch_sdpa
+    from mxattention.ops import (
         FallbackError,
         FallbackWarning,
-        PrecisionPolicy,
-        disable,
-        enable,
-        patch_sdpa,
+        InferenceOnlyError,
+        ReferenceFallbackWarning,
+        scaled_dot_product_attention,
+        varlen_attention,
     )
-    from mxattention.kernels.op import InferenceOnlyError, ReferenceFallbackWarning
-    from mxattention.varlen import varlen_attention
 
 # The public names are imported on first use (PEP 562), so that `import mxattention` alone, and with
 # it the command line's --help and --version, does not pay for torch, Triton and torch._dynamo.
@@ -33,28 +31,27 @@ _HOMES = {
     "get_method": "mxattention.attention",
     "list_methods": "mxattention.attention",
     "merge_attention": "mxattention.attention",
-    "scaled_dot_product_attention": "mxattention.dispatch",
-    "FallbackError": "mxattention.integrations",
-    "FallbackWarning": "mxattention.integrations",
+    "scaled_dot_product_attention": "mxattention.ops",
+    "FallbackError": "mxattention.ops",
+    "FallbackWarning": "mxattention.ops",
     "PrecisionPolicy": "mxattention.integrations",
     "disable": "mxattention.integrations",
     "enable": "mxattention.integrations",
     "patch_sdpa": "mxattention.integrations",
-    "InferenceOnlyError": "mxattention.kernels.op",
-    "ReferenceFallbackWarning": "mxattention.kernels.op",
-    "varlen_attention": "mxattention.varlen",
+    "InferenceOnlyError": "mxattention.ops",
+    "ReferenceFallbackWarning": "mxattention.ops",
+    "varlen_attention": "mxattention.ops",
 }
 _SUBPACKAGES = (
     "attention",
     "cli",
-    "dispatch",
     "eval",
     "formats",
     "integrations",
     "kernels",
+    "ops",
     "rotation",
     "theory",
-    "varlen",
 )
 
 __all__ = [

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mxattention.attention.config import PRESETS
-from mxattention.dispatch import scaled_dot_product_attention
+from mxattention.ops import scaled_dot_product_attention
 
 
 def _qkv(seed: int, lq: int = 150, lk: int = 200):

@@ -27,7 +27,7 @@ def _fresh_dynamo():
     torch._dynamo.reset()
     counters.clear()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", mxattention.kernels.op.ReferenceFallbackWarning)
+        warnings.simplefilter("ignore", mxattention.ops.ReferenceFallbackWarning)
         yield
     assert not counters["graph_break"], dict(counters["graph_break"])
     torch._dynamo.reset()
@@ -209,9 +209,9 @@ def test_cuda_compiled_wan_runs_the_fused_kernels(backend):
     (no reference warning), counts every run, and matches eager (bit for bit with aot_eager)."""
     model = tiny_models.wan().to("cuda", torch.bfloat16)
     inputs = tiny_models.to(tiny_models.wan_inputs(), "cuda", torch.bfloat16)
-    mxattention.kernels.op._WARNED.clear()  # the reference's warning comes once per process
+    mxattention.ops.errors._WARNED.clear()  # the reference's warning comes once per process
     with torch.no_grad(), attention_backend("mxattention"), warnings.catch_warnings():
-        warnings.simplefilter("error", mxattention.kernels.op.ReferenceFallbackWarning)
+        warnings.simplefilter("error", mxattention.ops.ReferenceFallbackWarning)
         want = model(**inputs)[0]
         reset_backend_stats("mxattention")
         compiled = torch.compile(model, backend=backend, fullgraph=True)

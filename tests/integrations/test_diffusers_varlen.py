@@ -11,16 +11,16 @@ pytest.importorskip("diffusers")
 
 from diffusers.models.attention_dispatch import AttentionBackendName, attention_backend, dispatch_attention_fn
 
-from mxattention.integrations import diffusers_varlen as dv_module
-from mxattention.integrations.diffusers_varlen import (
+from mxattention.integrations.diffusers_backend import (
     register_diffusers_varlen_backend,
     reset_varlen_backend_stats,
     varlen_backend_stats,
 )
+from mxattention.ops import call
 from tests.integrations import tiny_models
 from tests.integrations.tiny_models import rel_l2
 
-pytestmark = pytest.mark.filterwarnings("ignore::mxattention.kernels.op.ReferenceFallbackWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::mxattention.ops.ReferenceFallbackWarning")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -49,8 +49,8 @@ def _per_row(q, k, v, mask, **kw):
 @pytest.mark.parametrize("layout", ["prefix", "scattered", "none"])
 def test_rows_equal_dense_calls_on_their_valid_keys(layout, monkeypatch):
     seen = []
-    packed = dv_module.varlen_attention
-    monkeypatch.setattr(dv_module, "varlen_attention", lambda *a, **kw: seen.append(a) or packed(*a, **kw))
+    packed = call.packed  # the packed call the op makes of the padded batch
+    monkeypatch.setattr(call, "packed", lambda *a, **kw: seen.append(a) or packed(*a, **kw))
     q, k, v = _bshd(3, 24, 4, 32, 0), _bshd(3, 70, 2, 32, 1), _bshd(3, 70, 2, 32, 2)
     n = torch.tensor([70, 33, 5])
     mask = torch.arange(70)[None, :] < n[:, None]  # padding at the end (HunyuanVideo's text mask)

@@ -34,14 +34,14 @@ from mxattention.attention.config import get_method
 from mxattention.attention.reference import reference_attention
 from mxattention.integrations import PrecisionPolicy, register_xdit_backend, xdit_backend_stats
 from mxattention.integrations.xdit import reset_xdit_backend_stats
-from mxattention.kernels.op import ReferenceFallbackWarning
+from mxattention.ops import ReferenceFallbackWarning
 from tests.integrations import tiny_models
 from tests.integrations.tiny_models import rel_l2
 
 B, H, S, D = 1, 2, 128, 64
 SMOOTH_METHODS = ("mxattention", "mxattention-pv8-smooth")
 
-pytestmark = pytest.mark.filterwarnings("ignore::mxattention.kernels.op.ReferenceFallbackWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::mxattention.ops.ReferenceFallbackWarning")
 
 
 def _import_xfuser() -> types.SimpleNamespace:

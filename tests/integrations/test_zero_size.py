@@ -53,10 +53,8 @@ def test_zero_size_calls_are_served_alike(case):
     from mxattention.integrations.diffusers_backend import (
         backend_stats,
         register_diffusers_backend,
-        reset_backend_stats,
-    )
-    from mxattention.integrations.diffusers_varlen import (
         register_diffusers_varlen_backend,
+        reset_backend_stats,
         reset_varlen_backend_stats,
         varlen_backend_stats,
     )

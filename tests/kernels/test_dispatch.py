@@ -7,11 +7,12 @@ import pytest
 import torch
 
 import mxattention as mx
+from mxattention.attention import keys
 from mxattention.attention.config import PRESETS
 from mxattention.attention.reference import reference_attention
-from mxattention.kernels import op
 from mxattention.kernels._triton import kernels_interpreted
 from mxattention.kernels.fused import fused_attention, unsupported_reason
+from mxattention.ops import errors as op
 
 from .helpers import qkv
 
@@ -23,9 +24,9 @@ def _fresh_warnings():
     op._WARNED.clear()
 
 
-def test_config_key_round_trip():
+def test_method_key_round_trip():
     for cfg in PRESETS.values():
-        assert op.config_from_key(op.config_key(cfg)) == cfg
+        assert keys.config_from_key(keys.method_key(cfg)) == cfg
 
 
 def _fallbacks(record):

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import mxattention as mx
-from mxattention.kernels import op
 from mxattention.kernels._triton import tl, triton
 from mxattention.kernels.cast import e4m3_round, e4m3_round_hw
+from mxattention.ops import errors as op
 
 from .helpers import compare, qkv, skip_unless_path_runs
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mxattention.attention.keys import config_from_key
 from mxattention.kernels import HAS_TRITON
 from mxattention.kernels import op as kop
 from mxattention.kernels.plan import CPU_KERNELS_ENV
@@ -17,7 +18,7 @@ BF16 = torch.bfloat16
 
 def _planned(method, q, k, v, scale=0.125, mask=None, is_causal=False):
     cached = kop.cached_plan(method, q, k, v, scale, mask=mask, is_causal=is_causal)
-    fresh = kop.kernel_plan(kop.config_from_key(method), q, k, v, scale, mask=mask, is_causal=is_causal)
+    fresh = kop.kernel_plan(config_from_key(method), q, k, v, scale, mask=mask, is_causal=is_causal)
     assert cached == fresh
     return cached
 

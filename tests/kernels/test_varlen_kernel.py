@@ -17,9 +17,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import mxattention as mx
 from mxattention.attention.config import get_method
 from mxattention.attention.varlen import spans, varlen_reference
-from mxattention.kernels import attention_fwd, fused_varlen, prepass, varlen_op
+from mxattention.kernels import attention_fwd, fused_varlen, prepass
 from mxattention.kernels.fused import fused_attention
 from mxattention.kernels.fused_varlen import fused_varlen_attention, per_sequence_attention
+from mxattention.ops import call as varlen_op
 
 # The one-launch kernel equals one dense call per sequence on the H200 too (2026-12-01: these tests
 # passed there, and the gpubugs diagnostics); its wrong O there had been the dense kernel's (V's

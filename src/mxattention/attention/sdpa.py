@@ -1,6 +1,6 @@
 """`sdpa_reference`: torch SDPA's signature and semantics on top of the PyTorch reference.
 
-Exposes `sdpa_reference` (the arguments checked, as `attention.inputs` checks them) and
+Exposes `sdpa_reference` (the arguments checked by `attention.inputs.check_sdpa`) and
 `checked_sdpa_reference` (the same on arguments checked by the caller: the custom op's fallback,
 whose public entry point checked them once).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from mxattention.attention.config import AttentionConfig, get_method
-from mxattention.attention.inputs import check_mask, check_qkv, check_scalars
+from mxattention.attention.inputs import check_sdpa
 from mxattention.attention.reference import cast_output, reference_attention
 
 
@@ -37,10 +37,9 @@ def sdpa_reference(
     lse = -inf (torch gives NaN there).
     """
     cfg = get_method(method)
-    shapes = check_qkv(query, key, value, enable_gqa)
-    check_scalars(dropout_p, scale)
-    mask = check_mask(attn_mask, shapes, query, is_causal)
-    scale_ = shapes.default_scale() if scale is None else float(scale)
+    scale_ = check_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    b, hq, lq, _ = query.shape
+    mask = None if attn_mask is None else attn_mask.expand(b, hq, lq, key.shape[2])
     out, lse = checked_sdpa_reference(query, key, value, mask, is_causal, scale_, cfg)
     return (out, lse) if return_lse else out
 
@@ -55,7 +54,7 @@ def checked_sdpa_reference(
     cfg: AttentionConfig,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(O in query's dtype, lse fp32) of `sdpa_reference` on checked arguments: `mask` None or a
-    [B, Hq, Lq, Lk] view (`inputs.check_mask`), `scale` a float, Hq a multiple of Hkv."""
+    [B, Hq, Lq, Lk] view, `scale` a float, Hq a multiple of Hkv."""
     k, v = key.float(), value.float()
     hq, hk = query.shape[1], key.shape[1]
     if hq != hk:

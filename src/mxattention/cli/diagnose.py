@@ -62,7 +62,7 @@ def load_tensors(parser: argparse.ArgumentParser, value: str) -> list:
     """The layers of a --tensors file, checked (one usage error naming the item and what is wrong)."""
     import torch
 
-    from mxattention.attention.inputs import check_mask, check_qkv
+    from mxattention.attention.inputs import check_sdpa
     from mxattention.eval.models.qkv import LayerQKV
 
     path = check_in_file(parser, "--tensors", value)
@@ -81,14 +81,11 @@ def load_tensors(parser: argparse.ArgumentParser, value: str) -> list:
             parser.error(f"{where} must be a dict with keys q, k, v (optional attn_mask, scale), got {got}")
         try:
             q, k, v = (d[n].float() if isinstance(d[n], torch.Tensor) else d[n] for n in ("q", "k", "v"))
-            shapes = check_qkv(q, k, v, enable_gqa=False)
             mask = d.get("attn_mask")
-            if mask is not None and mask.dtype != torch.bool:
+            if isinstance(mask, torch.Tensor) and mask.dtype != torch.bool:
                 raise TypeError(f"attn_mask must be a bool tensor (True = attend), got {mask.dtype}")
-            check_mask(mask, shapes, q, is_causal=False)
             scale = d.get("scale")
-            if scale is not None and (isinstance(scale, bool) or not isinstance(scale, int | float)):
-                raise TypeError(f"scale must be a number or None, got {type(scale).__name__}")
+            check_sdpa(q, k, v, mask, scale=scale)
         except (TypeError, ValueError, AttributeError) as exc:
             parser.error(f"{where}: {exc}")
         layers.append(LayerQKV(f"layer{i}", q, k, v, mask, None if scale is None else float(scale)))

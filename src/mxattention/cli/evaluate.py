@@ -125,8 +125,8 @@ def run(args: argparse.Namespace) -> int:
             select_modules,
             write_report,
         )
-        from mxattention.integrations import FallbackError
         from mxattention.integrations.policy import PrecisionPolicy
+        from mxattention.ops import FallbackError
     except ImportError as exc:
         print(
             f"mxattention eval: a package it needs is missing ({exc.name}); install the diffusers and eval extras",

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 import torch
 
 from mxattention.attention.config import get_method
-from mxattention.dispatch import scaled_dot_product_attention
 from mxattention.kernels.op import kernel_plan
 from mxattention.kernels.plan import KernelPlan
+from mxattention.ops import scaled_dot_product_attention
 
 
 def _time(fn, repeat: int, device: torch.device) -> float:

@@ -27,10 +27,10 @@ from typing import Any
 import torch
 
 from mxattention.attention.config import ABLATION, get_method, list_methods
-from mxattention.dispatch import scaled_dot_product_attention
 from mxattention.eval.diagnostics import RowSumStudy, method_errors, q_sweep, rowsum_study, sweep_histogram
 from mxattention.eval.models.qkv import LayerQKV
 from mxattention.eval.runtime import progress
+from mxattention.ops import scaled_dot_product_attention
 
 DEFAULT_METHODS = tuple(list_methods())
 

@@ -2,23 +2,30 @@
 
 Exposes `patch_sdpa`, `enable`, `disable`, `stats`, `SdpaPatch` (sdpa_patch), `PrecisionPolicy`,
 `AttentionSite`, `current_site`, `PolicyRuleWarning` (policy), `FallbackError`, `FallbackWarning`
-(_routing) and, importing diffusers on first use, `register_diffusers_backend`, `register_preset_backends`, `backend_name`,
-`backend_stats` (diffusers_backend), `register_diffusers_varlen_backend`, `varlen_backend_stats`
-(diffusers_varlen) and, importing xfuser on first use, `register_xdit_backend`, `xdit_backend_stats`
-(xdit). Imports `attention`, `dispatch`, `varlen` and `kernels.op` (the custom ops,
-`InferenceOnlyError`) only.
+(`mxattention.ops`) and, importing diffusers on first use, `register_diffusers_backend`,
+`register_preset_backends`, `backend_name`, `backend_stats`, `register_diffusers_varlen_backend`,
+`varlen_backend_stats`, `reset_varlen_backend_stats` (diffusers_backend) and, importing xfuser on first
+use, `register_xdit_backend`, `xdit_backend_stats` (xdit). Imports `attention` and `ops` (the entries,
+the custom ops, `Router`, the errors) only: every call goes through one op of `mxattention.ops`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mxattention.integrations._routing import FallbackError, FallbackWarning
 from mxattention.integrations.policy import AttentionSite, PolicyRuleWarning, PrecisionPolicy, current_site
 from mxattention.integrations.sdpa_patch import SdpaPatch, disable, enable, patch_sdpa, stats
+from mxattention.ops.errors import FallbackError, FallbackWarning
 
-_DIFFUSERS = ("register_diffusers_backend", "register_preset_backends", "backend_name", "backend_stats")
-_DIFFUSERS_VARLEN = ("register_diffusers_varlen_backend", "varlen_backend_stats")
+_DIFFUSERS = (
+    "register_diffusers_backend",
+    "register_preset_backends",
+    "backend_name",
+    "backend_stats",
+    "register_diffusers_varlen_backend",
+    "varlen_backend_stats",
+    "reset_varlen_backend_stats",
+)
 _XDIT = ("register_xdit_backend", "xdit_backend_stats")
 
 __all__ = [
@@ -34,7 +41,6 @@ __all__ = [
     "patch_sdpa",
     "stats",
     *_DIFFUSERS,
-    *_DIFFUSERS_VARLEN,
     *_XDIT,
 ]
 
@@ -45,10 +51,6 @@ def __getattr__(name: str) -> Any:
         from mxattention.integrations import diffusers_backend
 
         return getattr(diffusers_backend, name)
-    if name in _DIFFUSERS_VARLEN:
-        from mxattention.integrations import diffusers_varlen
-
-        return getattr(diffusers_varlen, name)
     if name in _XDIT:
         from mxattention.integrations import xdit
 

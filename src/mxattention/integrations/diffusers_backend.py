@@ -1,7 +1,10 @@
 """mxattention as a diffusers attention backend (checked against diffusers 0.42.1).
 
 Exposes `register_diffusers_backend`, `register_preset_backends`, `backend_name`, `backend_stats`,
-`reset_backend_stats`, and the context-parallel ops `mxattention_forward_op` / `mxattention_backward_op`.
+`reset_backend_stats`, the varlen backend's `register_diffusers_varlen_backend`,
+`varlen_backend_stats`, `reset_varlen_backend_stats`, and the context-parallel ops
+`mxattention_forward_op` / `mxattention_backward_op`. Both kinds of backend are one registration
+class (`_support.NamedBackend`), one backend function and one registry.
 
     from diffusers.models.attention_dispatch import attention_backend
     register_diffusers_backend()                       # name "mxattention", method "mxattention"
@@ -25,8 +28,9 @@ also counts the mask dtypes / shapes seen), warned once per reason per registrat
 through them raises `mxattention.InferenceOnlyError`; `autograd="torch"` runs torch's SDPA for them.
 
 torch.compile: Dynamo traces diffusers' dispatcher and this backend; each call is one opaque node, the
-custom op `mxattention::routed_sdpa` (see `integrations._routing`), which makes the policy's decision,
-counts and computes at run time: the counts are of executed calls, the output that of eager execution.
+custom op `mxattention::routed_sdpa` (varlen: `mxattention::varlen`; see `mxattention.ops`), which
+makes the policy's decision, counts and computes at run time: the counts are of executed calls, the
+output that of eager execution.
 
 Context parallelism: `supports_context_parallel=True`. Ring attention calls the forward op once per
 key chunk with `return_lse=True` and merges the (out, lse) pairs; Ulysses calls it once on all keys of
@@ -36,6 +40,19 @@ single-device result up to fp32 rounding. Quantized methods quantize P~ against 
 (the PNQ row sums stay exactly one); Ulysses results do not. Inference only: the backward op raises
 `InferenceOnlyError`; with `autograd="torch"`, calls that track gradients run diffusers' native
 context-parallel attention (Ulysses only: it has no log-sum-exp for the ring).
+
+The varlen backend ("mxattention_varlen", `register_diffusers_varlen_backend`) has the contract of
+diffusers' `flash_varlen` / `sage_varlen` backends: [B, S, H, D] tensors and a bool key mask; batch b
+attends its valid keys only, as one sequence of `mxattention.varlen_attention` (docs/design.md,
+'Varlen'): the MX blocks of V and P~ start at its first valid key, so masked keys take no part in any
+block scale (the dense backend with the same mask quantizes V blocks that hold masked keys too) and
+the result equals the dense call on the valid keys, bit for bit. Where the valid keys are a prefix of
+each row (padding at the end: HunyuanVideo's text mask), nothing is copied: the padding becomes
+sequences without queries. Other key masks gather the valid keys (one copy of K and V, as
+flash_varlen's packing). Masks that are not a bool key mask (float, or varying over queries or
+heads), and everything the dense backend does not serve, run torch's SDPA: counted, warned once per
+reason, refused with `strict=True`. No policy, no context parallelism (use the dense backend for
+those). A batch row with no valid key gives O = 0 (torch gives NaN). Inference only.
 """
 
 from __future__ import annotations
@@ -49,24 +66,22 @@ import torch
 from diffusers.models import attention_dispatch as _ad
 
 from mxattention.attention.config import PRESETS, AttentionConfig, get_method
-from mxattention.dispatch import scaled_dot_product_attention as mx_sdpa
-from mxattention.integrations._routing import (
-    NamedBackend,
+from mxattention.attention.inputs import sdpa_problem
+from mxattention.integrations._support import NamedBackend, add_enum_member, check_policy, original_sdpa
+from mxattention.integrations.policy import PrecisionPolicy
+from mxattention.ops.call import routed_sdpa, varlen_op
+from mxattention.ops.entry import scaled_dot_product_attention as mx_sdpa
+from mxattention.ops.errors import InferenceOnlyError, inference_only_message
+from mxattention.ops.route import (
+    THREAD_SITE,
     check_options,
     route_decide,
-    routed_sdpa,
+    torch_attention_with_lse,
     tracks_grad,
 )
-from mxattention.integrations._support import (
-    add_enum_member,
-    original_sdpa,
-    torch_attention_with_lse,
-    unsupported_reason,
-)
-from mxattention.integrations.policy import THREAD_SITE, PrecisionPolicy
-from mxattention.kernels.op import InferenceOnlyError, inference_only_message
 
 DEFAULT_NAME = "mxattention"
+VARLEN_MASK = "varlen_mask"  # the fallback reason of a mask the varlen backend does not take
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")
 
 
@@ -97,6 +112,19 @@ def _key_mask(attn_mask: torch.Tensor | None, batch: int, k_len: int) -> torch.T
     if attn_mask is not None and attn_mask.ndim == 2 and attn_mask.shape == (batch, k_len):
         return attn_mask[:, None, None, :]
     return attn_mask
+
+
+def _varlen_mask_ok(mask: torch.Tensor, batch: int, k_len: int) -> bool:
+    """Whether `mask` is a bool key-padding mask the varlen backend takes ([B or 1, 1, 1, Sk] after
+    `_key_mask`, or fewer leading dims)."""
+    shape = (1,) * (4 - mask.ndim) + tuple(mask.shape)
+    return (
+        mask.dtype == torch.bool
+        and mask.ndim <= 4
+        and shape[1:3] == (1, 1)
+        and shape[0] in (1, batch)
+        and shape[3] == k_len
+    )
 
 
 def mxattention_forward_op(
@@ -177,12 +205,21 @@ def mxattention_backward_op(ctx: Any, grad_out: torch.Tensor, *args: Any, **kwar
     raise InferenceOnlyError(inference_only_message("mxattention's diffusers backend (context parallel)"))
 
 
-def _attention(
+def _native(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa) -> torch.Tensor:
+    """torch's own SDPA on [B, H, S, D] tensors, returned in diffusers' [B, S, H, D] layout."""
+    out = original_sdpa(
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+    )
+    return out.permute(0, 2, 1, 3)
+
+
+def _context_parallel(
     reg: NamedBackend,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     attn_mask: torch.Tensor | None,
+    mask: torch.Tensor | None,
     dropout_p: float,
     is_causal: bool,
     scale: float | None,
@@ -190,47 +227,27 @@ def _attention(
     return_lse: bool,
     parallel_config: Any,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    # Traced by Dynamo under torch.compile: static checks here, run-time decisions in the ops.
-    mask = _key_mask(attn_mask, query.shape[0], key.shape[1])
-    grad_to_torch = reg.autograd == "torch" and tracks_grad(query, key, value)
-    if parallel_config is not None and grad_to_torch:
+    if reg.autograd == "torch" and tracks_grad(query, key, value):
         reg.note_fallback("autograd")
         return _ad._native_attention(
             query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, parallel_config
         )
-    if parallel_config is not None:
-        # Decided once per attention call, not per ring step, so every key chunk uses the same method.
-        decision = route_decide(reg.token, query.shape[1], key.shape[1], mask, *reg.where())
-        return _ad._templated_context_parallel_attention(
-            query,
-            key,
-            value,
-            attn_mask,
-            dropout_p,
-            is_causal,
-            scale,
-            enable_gqa,
-            return_lse,
-            forward_op=functools.partial(mxattention_forward_op, router=reg.token, decision=decision),
-            backward_op=mxattention_backward_op,
-            _parallel_config=parallel_config,
-        )
-    q, k, v = (x.permute(0, 2, 1, 3) for x in (query, key, value))
-    reason = unsupported_reason(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa)
-    if reason is None and grad_to_torch:
-        reason = "autograd"
-    if reason is not None and return_lse:
-        raise ValueError(f"mxattention cannot serve this call ({reason}) and torch's SDPA returns no lse")
-    if reason is not None:
-        reg.note_fallback(reason)
-        return _native(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa)
-    scale_ = None if scale is None else float(scale)
-    site, step = reg.where()
-    out, lse = routed_sdpa(
-        q, k, v, mask, is_causal, scale_, enable_gqa, return_lse, reg.token, None, site, step
+    # Decided once per attention call, not per ring step, so every key chunk uses the same method.
+    decision = route_decide(reg.token, query.shape[1], key.shape[1], mask, *reg.where())
+    return _ad._templated_context_parallel_attention(
+        query,
+        key,
+        value,
+        attn_mask,
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        return_lse,
+        forward_op=functools.partial(mxattention_forward_op, router=reg.token, decision=decision),
+        backward_op=mxattention_backward_op,
+        _parallel_config=parallel_config,
     )
-    out = out.permute(0, 2, 1, 3)
-    return (out, lse.permute(0, 2, 1)) if return_lse else out
 
 
 def _check_inputs(
@@ -257,7 +274,8 @@ def check_backend_name(name: object) -> None:
 
 
 def _backend_fn(name: str) -> Any:
-    # diffusers passes only the keyword arguments named in this signature.
+    # diffusers passes only the keyword arguments named in this signature. The body is the whole
+    # backend, dense and varlen: static checks here (Dynamo traces them), the rest in the op.
     def mxattention_backend(
         query: torch.Tensor,
         key: torch.Tensor,
@@ -270,22 +288,91 @@ def _backend_fn(name: str) -> Any:
         return_lse: bool = False,
         _parallel_config: Any = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        return _attention(
-            _registry[name],
-            query,
-            key,
-            value,
-            attn_mask,
-            dropout_p,
-            is_causal,
-            scale,
-            enable_gqa,
-            return_lse,
-            _parallel_config,
+        reg = _registry[name]
+        b, sk = query.shape[0], key.shape[1]
+        mask = attn_mask
+        # `_key_mask` written out: each call on the way to the launch costs host time (tests/ops).
+        if mask is not None and mask.ndim == 2 and mask.shape == (b, sk):  # [B, Sk] as [B, 1, 1, Sk]
+            mask = mask[:, None, None, :]
+        if _parallel_config is not None:  # the varlen backend is registered without context parallelism
+            return _context_parallel(
+                reg,
+                query,
+                key,
+                value,
+                attn_mask,
+                mask,
+                dropout_p,
+                is_causal,
+                scale,
+                enable_gqa,
+                return_lse,
+                _parallel_config,
+            )
+        q, k, v = (x.permute(0, 2, 1, 3) for x in (query, key, value))
+        reason = sdpa_problem(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa)
+        if reason is None and reg.varlen and mask is not None and not _varlen_mask_ok(mask, b, sk):
+            reason = VARLEN_MASK
+        if reason is None and reg.autograd == "torch" and tracks_grad(query, key, value):
+            reason = "autograd"
+        if reason is not None:
+            if return_lse:
+                raise ValueError(
+                    f"{reg.label} cannot serve this call ({reason}) and torch's SDPA returns no lse"
+                )
+            reg.note_fallback(reason)
+            return _native(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa)
+        scale_ = None if scale is None else float(scale)
+        if reg.varlen:  # counted in the op (no policy: always quantized)
+            out, lse = varlen_op(
+                query, key, value, None, None, -1, -1, is_causal, scale_, reg.method_key, mask, reg.token
+            )
+            return (out, lse) if return_lse else out
+        # `reg.where()` written out for the eager path, as the mask above.
+        site, step = reg.where() if torch.compiler.is_compiling() else (THREAD_SITE, None)
+        out, lse = routed_sdpa(
+            q, k, v, mask, is_causal, scale_, enable_gqa, return_lse, reg.token, None, site, step
         )
+        out = out.permute(0, 2, 1, 3)
+        return (out, lse.permute(0, 2, 1)) if return_lse else out
 
     mxattention_backend.__qualname__ = mxattention_backend.__name__ = f"mxattention_backend[{name}]"
     return mxattention_backend
+
+
+def _register(
+    name: str, cfg: AttentionConfig, policy: PrecisionPolicy | None, strict: bool, autograd: str, varlen: bool
+) -> str:
+    check_backend_name(name)
+    with _lock:
+        old = _registry.get(name)
+        if old is None and name in _ad.AttentionBackendName._value2member_map_:
+            raise ValueError(f"{name!r} is one of diffusers' own attention backends; choose another name")
+        if old is not None and (old.method, old.strict, old.autograd, old.varlen) == (
+            cfg,
+            strict,
+            autograd,
+            varlen,
+        ):
+            if old.policy is policy:
+                return name
+        member = _enum_member(name)
+        kind = "varlen backend" if varlen else "backend"
+        _registry[name] = NamedBackend(
+            name,
+            cfg,
+            policy,
+            label=f"mxattention diffusers {kind} {name!r}",
+            strict=strict,
+            autograd=autograd,
+            varlen=varlen,
+        )
+        if old is None:
+            constraints = [] if varlen else [_check_inputs]
+            _ad._AttentionBackendRegistry.register(
+                member, constraints=constraints, supports_context_parallel=not varlen
+            )(_backend_fn(name))
+    return name
 
 
 def register_diffusers_backend(
@@ -319,36 +406,9 @@ def register_diffusers_backend(
     (`pip install 'mxattention[diffusers]'`).
     """
     cfg = get_method(method)
-    if policy is not None and not isinstance(policy, PrecisionPolicy):
-        raise TypeError(f"policy must be a PrecisionPolicy or None, got {type(policy).__name__}")
+    check_policy(policy)
     check_options(strict, autograd)
-    name = backend_name(cfg) if name is None else name
-    check_backend_name(name)
-    with _lock:
-        old = _registry.get(name)
-        if old is None and name in _ad.AttentionBackendName._value2member_map_:
-            raise ValueError(f"{name!r} is one of diffusers' own attention backends; choose another name")
-        if (
-            old is not None
-            and old.method == cfg
-            and old.policy is policy
-            and (old.strict, old.autograd) == (strict, autograd)
-        ):
-            return name
-        member = _enum_member(name)
-        _registry[name] = NamedBackend(
-            name,
-            cfg,
-            policy,
-            label=f"mxattention diffusers backend {name!r}",
-            strict=strict,
-            autograd=autograd,
-        )
-        if old is None:
-            _ad._AttentionBackendRegistry.register(
-                member, constraints=[_check_inputs], supports_context_parallel=True
-            )(_backend_fn(name))
-    return name
+    return _register(backend_name(cfg) if name is None else name, cfg, policy, strict, autograd, False)
 
 
 def register_preset_backends(policy: PrecisionPolicy | None = None) -> list[str]:
@@ -356,19 +416,63 @@ def register_preset_backends(policy: PrecisionPolicy | None = None) -> list[str]
     return [register_diffusers_backend(m, policy=policy) for m in PRESETS]
 
 
-def _get(name: str) -> NamedBackend:
-    try:
-        return _registry[name]
-    except KeyError:
-        raise ValueError(f"no mxattention backend named {name!r}; registered: {sorted(_registry)}") from None
+def register_diffusers_varlen_backend(
+    method: str | AttentionConfig = "mxattention",
+    name: str | None = None,
+    *,
+    strict: bool = False,
+    autograd: str = "error",
+) -> str:
+    """Register (or re-point) the diffusers varlen backend `name` running `method`; returns the name.
+
+    `name` defaults to `backend_name(method) + "_varlen"` ("mxattention_varlen", ...); `strict` and
+    `autograd` as `register_diffusers_backend`. There is no `policy`: every call this backend serves is
+    quantized with `method` (a `PrecisionPolicy` needs the dense backend, `register_diffusers_backend`).
+
+    The backend receives diffusers' [B, S, H, D] tensors (fp32 / fp16 / bf16) and a bool key-padding
+    mask ([B, Sk] or [B, 1, 1, Sk], True = attend), and returns O [B, S, H, Dv] in their dtype; each
+    batch row runs as one sequence of `mxattention.varlen_attention` on its valid keys: the fused
+    kernels on CUDA where they compute the method, else the PyTorch reference (CPU included, a
+    `ReferenceFallbackWarning` once per reason). Other masks and calls the 4-bit path cannot serve run
+    torch's SDPA, counted in `varlen_backend_stats(name)`, with a `FallbackWarning` once per reason.
+    No context parallelism. Raises ValueError for an unknown preset, a name that is not lower case
+    letters, digits, "_" or "-", a name of one of diffusers' own backends, or an unknown `autograd`;
+    TypeError for a `strict` that is not a bool. Needs diffusers (`pip install 'mxattention[diffusers]'`).
+    """
+    cfg = get_method(method)
+    check_options(strict, autograd)
+    return _register(
+        backend_name(cfg) + "_varlen" if name is None else name, cfg, None, strict, autograd, True
+    )
+
+
+def _get(name: str, varlen: bool) -> NamedBackend:
+    reg = _registry.get(name)
+    if reg is None or reg.varlen != varlen:
+        kind = "varlen backend" if varlen else "backend"
+        names = sorted(n for n, r in _registry.items() if r.varlen == varlen)
+        raise ValueError(f"no mxattention {kind} named {name!r}; registered: {names}")
+    return reg
 
 
 def backend_stats(name: str = DEFAULT_NAME) -> dict[str, Any]:
     """Counts of the backend `name`: routed / high_precision / fallback (by reason) calls, masks seen
     as {(dtype, shape): calls}, and the method it runs."""
-    reg = _get(name)
+    reg = _get(name, False)
     return {**reg.calls.as_dict(), "method": reg.method.name}
 
 
 def reset_backend_stats(name: str = DEFAULT_NAME) -> None:
-    _get(name).calls.reset()
+    """Restart the counts of the backend `name`."""
+    _get(name, False).calls.reset()
+
+
+def varlen_backend_stats(name: str = "mxattention_varlen") -> dict[str, Any]:
+    """Counts of the varlen backend `name`: routed / fallback (by reason) calls, masks seen, method."""
+    reg = _get(name, True)
+    return {**reg.calls.as_dict(), "method": reg.method.name}
+
+
+def reset_varlen_backend_stats(name: str = "mxattention_varlen") -> None:
+    """Restart the counts of the varlen backend `name`."""
+    _get(name, True).calls.reset()

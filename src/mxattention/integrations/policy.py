@@ -48,6 +48,7 @@ from torch._library.effects import EffectType
 
 from mxattention._callsite import warn_at_call_site
 from mxattention.attention.config import AttentionConfig, get_method
+from mxattention.ops.route import THREAD_SITE
 
 KINDS = ("self", "cross")
 
@@ -111,7 +112,7 @@ def _leave(index: int) -> None:
 # leaves a frame, so a graph break inside a block leaves the real list as the trace saw it.)
 _trace_sites: list[int] = []
 
-THREAD_SITE, NO_SITE = -1, -2
+NO_SITE = -2  # THREAD_SITE (-1, `ops.route`): an eager call, which reads this thread's site
 
 
 def traced_site() -> int:
@@ -303,6 +304,16 @@ class PrecisionPolicy:
         if site.block is not None and site.block in self.layers:
             return True
         return any(fnmatch.fnmatchcase(site.name, p) for p in self.modules)
+
+    def route_call(self, q_len: int, k_len: int, site: int, step: torch.Tensor | None) -> bool:
+        """`route` with an op's arguments: `site` an index (THREAD_SITE: this thread's site), `step`
+        the traced step tensor or None (the tracked step)."""
+        step_ = _UNSET if step is None else int(step) if int(step) >= 0 else None
+        return self.route(q_len, k_len, site=site_of(site), step=step_)
+
+    def traced_where(self) -> tuple[int, torch.Tensor | None]:
+        """While Dynamo traces: (the graph's site index, this forward's step tensor) for an op call."""
+        return traced_site(), traced_step(self)
 
     def route(self, q_len: int, k_len: int, *, site: Any = _UNSET, step: Any = _UNSET) -> bool:
         """Decide and count one attention call; True means high precision. `site` and `step` default

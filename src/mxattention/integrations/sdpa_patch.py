@@ -12,10 +12,10 @@ is routed, including diffusers' "native" backend; code that bound the function e
 (`from torch.nn.functional import scaled_dot_product_attention` at import) is not.
 
 torch.compile: a model compiled (or re-traced) while the patch is installed traces the routing code;
-each routed call is one opaque node, the custom op `mxattention::routed_sdpa`, which decides (policy),
-counts and computes at run time, so `stats()` counts executed calls and the output equals eager
-execution's. Dynamo guards on the patched attribute: outside the patch the model recompiles with
-torch's SDPA.
+each routed call is one opaque node, the custom op `mxattention::routed_sdpa` (`mxattention.ops`),
+which decides (policy), counts and computes at run time, so `stats()` counts executed calls and the
+output equals eager execution's. Dynamo guards on the patched attribute: outside the patch the model
+recompiles with torch's SDPA.
 
 Gradients: calls whose inputs require grad are quantized too (the forward is the same with or without
 `torch.no_grad()`); a backward through a routed call raises `mxattention.InferenceOnlyError`.
@@ -48,19 +48,16 @@ import torch
 import torch.nn.functional as F
 
 from mxattention.attention.config import AttentionConfig
-from mxattention.integrations._routing import Router, routed_sdpa, tracks_grad
-from mxattention.integrations._support import CallStats, unsupported_reason
+from mxattention.attention.inputs import sdpa_problem
+from mxattention.integrations._support import check_policy
 from mxattention.integrations.policy import PrecisionPolicy
+from mxattention.ops.call import routed_sdpa
+from mxattention.ops.route import CallStats, Router, computing, tracks_grad
 
 _lock = threading.RLock()
 _stack: list[SdpaPatch] = []  # installed patches, innermost last
 _enabled: list[SdpaPatch] = []  # patches entered by enable(), for disable()
 _totals = CallStats()
-_local = threading.local()
-
-
-def _busy() -> bool:
-    return getattr(_local, "busy", False)
 
 
 class SdpaPatch(Router):
@@ -74,6 +71,7 @@ class SdpaPatch(Router):
         strict: bool = False,
         autograd: str = "error",
     ) -> None:
+        check_policy(policy)
         super().__init__(method, policy, strict=strict, autograd=autograd, sinks=(_totals,))
         self.label = f"mxattention.patch_sdpa({self.method.name!r})"
         self._prev: Any = None
@@ -127,13 +125,6 @@ class SdpaPatch(Router):
         kw = {"attn_mask": attn_mask, "is_causal": is_causal, "scale": scale}
         return self._prev(query, key, value, **kw, **({"enable_gqa": True} if enable_gqa else {}))
 
-    def run(self, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        _local.busy = True  # SDPA calls made while computing go to the previous function
-        try:
-            return super().run(*args)
-        finally:
-            _local.busy = False
-
     def _call(
         self,
         query: torch.Tensor,
@@ -151,9 +142,10 @@ class SdpaPatch(Router):
         kw = {"attn_mask": attn_mask, "dropout_p": dropout_p, "is_causal": is_causal, "scale": scale}
         if enable_gqa:
             kw["enable_gqa"] = True
-        if not self._active or (not torch.compiler.is_compiling() and _busy()):
+        # SDPA calls made while mxattention computes (`ops.route.computing`) go to the previous function.
+        if not self._active or (not torch.compiler.is_compiling() and computing()):
             return self._prev(*args, **kw)
-        reason = unsupported_reason(*args, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        reason = sdpa_problem(*args, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         if reason is None and self.autograd == "torch" and tracks_grad(*args):
             reason = "autograd"
         if reason is not None:

@@ -30,7 +30,7 @@ reason (`mxattention.FallbackWarning`) or refused with `strict=True`; where no s
 raises ValueError. Inference only: a backward raises `mxattention.InferenceOnlyError`.
 
 torch.compile: each call is one opaque node, the custom op `mxattention::routed_sdpa` (see
-`integrations._routing`), which makes the policy's decision, counts and computes at run time; nothing is
+`mxattention.ops`), which makes the policy's decision, counts and computes at run time; nothing is
 wrapped in `torch.compiler.disable`. Policy: attach it to the xDiT transformer (`policy.attach(model)`);
 each call of the function is decided and counted on its own, so a ring of N ranks counts N calls per
 attention call on each rank; the chunks of one call share site, step and lengths, hence the decision.
@@ -49,9 +49,11 @@ from typing import Any
 import torch
 
 from mxattention.attention.config import AttentionConfig, get_method
-from mxattention.integrations._routing import NamedBackend, check_options, routed_sdpa
-from mxattention.integrations._support import add_enum_member, torch_attention_with_lse, unsupported_reason
+from mxattention.attention.inputs import sdpa_problem
+from mxattention.integrations._support import NamedBackend, add_enum_member, check_policy
 from mxattention.integrations.policy import PrecisionPolicy
+from mxattention.ops.call import routed_sdpa
+from mxattention.ops.route import check_options, torch_attention_with_lse
 
 DEFAULT_NAME = "MXATTENTION"
 _NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -123,7 +125,7 @@ def _attention(
     # Traced by Dynamo under torch.compile: static checks here, run-time decisions in the op.
     key, value, mask = _keys_and_mask(query, key, value, attention_kwargs)
     gqa = query.dim() == key.dim() == 4 and query.shape[1] != key.shape[1]
-    reason = unsupported_reason(query, key, value, mask, dropout_p, is_causal, None, gqa)
+    reason = sdpa_problem(query, key, value, mask, dropout_p, is_causal, None, gqa)
     if reason is not None:
         reg.note_fallback(reason)
         pair = None if dropout_p != 0 else torch_attention_with_lse(query, key, value, mask, is_causal, None)
@@ -170,8 +172,7 @@ def register_xdit_backend(
     instead of falling back to torch's attention.
     """
     cfg = get_method(method)
-    if policy is not None and not isinstance(policy, PrecisionPolicy):
-        raise TypeError(f"policy must be a PrecisionPolicy or None, got {type(policy).__name__}")
+    check_policy(policy)
     check_options(strict, "error")
     name = xdit_backend_name(cfg) if name is None else name
     if not isinstance(name, str) or not _NAME_RE.match(name):

@@ -7,8 +7,8 @@ Modules: `cast` (device functions of the MXFP4 cast), `hadamard` (the rotation o
 online-softmax kernel), `attention_fwd_hopper` (the warp-specialized Gluon forward, sm_90),
 `smoothing` (Q smoothing's correction on tensor cores), `plan` (every choice of one call, made
 once: `plan_call` -> `KernelPlan`), `fused` / `fused_varlen` (the execution of a plan: both
-kernels, for one `AttentionConfig`), `op` / `varlen_op` (the torch custom ops the public functions
-call), `targets` (the GPU Triton builds for, and the per-architecture tiles),
+kernels, for one `AttentionConfig`), `op` (the plan cache the custom ops of
+`mxattention.ops` ask), `targets` (the GPU Triton builds for, and the per-architecture tiles),
 `codegen` (the attention kernel built offline for a target, and what its assembly holds).
 Triton is optional: `HAS_TRITON` says whether the kernels can run at all.
 """

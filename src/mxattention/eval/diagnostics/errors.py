@@ -42,7 +42,7 @@ def method_errors(
     `attn_fn` defaults to `mxattention.scaled_dot_product_attention` (kernels where available).
     """
     if attn_fn is None:
-        from mxattention.dispatch import scaled_dot_product_attention as attn_fn
+        from mxattention.ops import scaled_dot_product_attention as attn_fn
     ref = attn_fn(q, k, v, method="fp", **sdpa_kwargs)
     rows = []
     for m in methods:

@@ -128,10 +128,10 @@ def _breakdown(q, k, v, method: str) -> dict:
     cfg = get_method(method)
     scale = q.shape[-1] ** -0.5
     plan = plan_call(cfg, q, k, v, scale=scale)
-    from mxattention.kernels import op as kop
+    from mxattention.kernels import plan as kplan
 
     def uncached():
-        kop._PLANS.clear()  # the public call as it was before plans were cached
+        kplan._PLANS.clear()  # the public call as it was before plans were cached
         return mxattention.scaled_dot_product_attention(q, k, v, method=method)
 
     from mxattention.kernels.prepass import prepass_qk, prepass_v

@@ -3,9 +3,8 @@
 Exposes `sdpa_op(query, key, value, attn_mask, is_causal, scale, enable_gqa, cfg_key)` (the op),
 `config_key(cfg)` / `config_from_key(key)` (an `AttentionConfig`, or a preset's name, as the op's
 string argument) and
-`kernel_plan(cfg, query, key, value, scale, ...)` (the call's `plan.KernelPlan`: its `reason` is None
-if the fused kernels run it, else why they do not), `cached_plan` (the same, looked up by the call's
-signature: what the op runs),
+`kernel_plan(cfg, query, key, value, scale, ...)` and `cached_plan` (re-exported from the planner,
+`kernels.plan`: the call's `plan.KernelPlan`, looked up by call signature in `cached_plan`),
 `InferenceOnlyError` and `no_backward` (the op that raises it when a backward reaches a 4-bit call).
 
 The choice between the fused kernels and the PyTorch reference happens inside the op at run time,
@@ -18,24 +17,40 @@ forward of inputs that require grad compiles and runs; only `.backward()` fails)
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Sequence
 
 import torch
 
 from mxattention._callsite import warn_at_call_site
-from mxattention.attention.config import AttentionConfig, get_method
+from mxattention.attention.config import AttentionConfig
 from mxattention.attention.sdpa import checked_sdpa_reference
-from mxattention.kernels import prepass_hopper
 from mxattention.kernels.fused import run_plan
-from mxattention.kernels.plan import KernelPlan, cpu_kernels_requested, plan_call
+from mxattention.kernels.plan import (  # the plan cache lives in the planner; re-exported for the op's callers
+    KernelPlan,
+    cached_plan,
+    config_from_key,
+    kernel_plan,
+    plan_key,
+)
+
+__all__ = [
+    "InferenceOnlyError",
+    "KernelPlan",
+    "ReferenceFallbackWarning",
+    "cached_plan",
+    "config_from_key",
+    "config_key",
+    "inference_only_message",
+    "kernel_plan",
+    "no_backward",
+    "plan_key",
+    "register_inference_only",
+    "run_plan",
+    "sdpa_op",
+]
 
 _WARNED: set[str] = set()
-# Dense plans by call signature (`plan_key`): planning costs more host time than the launches of a
-# short call (H200: benchmarks/results/host_h200.md). Bounded: a model has a few dozen signatures.
-_PLANS: dict[tuple, KernelPlan] = {}
-PLAN_CACHE_SIZE = 256
 
 
 class ReferenceFallbackWarning(UserWarning):
@@ -63,82 +78,6 @@ def inference_only_message(where: str) -> str:
 def config_key(cfg: AttentionConfig) -> str:
     """A JSON string that `config_from_key` turns back into an equal `AttentionConfig`."""
     return json.dumps(cfg.to_dict(), sort_keys=True)
-
-
-@functools.lru_cache(maxsize=64)
-def config_from_key(key: str) -> AttentionConfig:
-    """The config a `config_key` string or a preset name stands for."""
-    if not key.startswith("{"):
-        return get_method(key)
-    return AttentionConfig.from_dict(json.loads(key))
-
-
-def kernel_plan(
-    cfg: AttentionConfig,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    scale: float,
-    *,
-    mask: torch.Tensor | None = None,
-    is_causal: bool = False,
-    varlen: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
-    varlen_kernel: bool = True,
-) -> KernelPlan:
-    """The plan of this call (`plan.plan_call` with the default options): `.reason` is None if the
-    fused kernels run it, else why not (the config and inputs, then the scale, then varlen's own);
-    `varlen_kernel`: whether a varlen call takes the one-launch kernel (`plan.plan_call`)."""
-    return plan_call(
-        cfg,
-        query,
-        key,
-        value,
-        scale=scale,
-        mask=mask,
-        is_causal=is_causal,
-        varlen=varlen,
-        varlen_kernel=varlen_kernel,
-    )
-
-
-def plan_key(
-    cfg_key: str,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    scale: float,
-    mask: torch.Tensor | None,
-    is_causal: bool,
-) -> tuple:
-    """Everything a dense plan reads (`plan.plan_call`): the method, each operand's device, dtype,
-    shape, strides and base alignment (a pass's kernel reads 16-byte alignment and bf16 pairs), the
-    mask's layout, causality, the scale, the interpreter switch and the Gluon passes that failed to
-    build in this process."""
-    operands = tuple((t.dtype, t.shape, t.stride(), t.data_ptr() % 16) for t in (query, key, value))
-    masked = None if mask is None else (mask.dtype, mask.shape, mask.stride())
-    env = (cpu_kernels_requested(), len(prepass_hopper._broken))
-    return (cfg_key, query.device, operands, masked, is_causal, scale, env)
-
-
-def cached_plan(
-    cfg_key: str,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    scale: float,
-    *,
-    mask: torch.Tensor | None = None,
-    is_causal: bool = False,
-) -> KernelPlan:
-    """`kernel_plan` of a dense call, computed once per `plan_key` (a plan is frozen data)."""
-    sig = plan_key(cfg_key, query, key, value, scale, mask, is_causal)
-    plan = _PLANS.get(sig)
-    if plan is None:
-        plan = kernel_plan(config_from_key(cfg_key), query, key, value, scale, mask=mask, is_causal=is_causal)
-        if len(_PLANS) >= PLAN_CACHE_SIZE:
-            _PLANS.clear()
-        _PLANS[sig] = plan
-    return plan
 
 
 def _warn_once(reason: str) -> None:

@@ -19,6 +19,8 @@ arguments are the caller's, checked once at the boundary (`attention.inputs`,
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import os
 import struct
@@ -26,7 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mxattention.attention.config import AttentionConfig
+from mxattention.attention.config import AttentionConfig, get_method
+from mxattention.kernels import prepass_hopper
 from mxattention.kernels._triton import HAS_TRITON, kernels_interpreted, sm_count
 from mxattention.kernels.prepass import PassPlan, padded_dim, padded_len, qk_pass, v_pass, varlen_v_len
 from mxattention.kernels.rules import KERNEL_ELEMS, rule_constants
@@ -566,3 +569,86 @@ def plan_call(
         debug_p=debug_p,
         interpreted=kernels_interpreted(),
     )
+
+
+# ---- The plan cache: one plan per call signature (a plan is frozen data) ----------------------------
+# Dense plans by call signature (`plan_key`): planning costs more host time than the launches of a
+# short call (H200: benchmarks/results/host_h200.md). Bounded: a model has a few dozen signatures.
+_PLANS: dict[tuple, KernelPlan] = {}
+PLAN_CACHE_SIZE = 256
+
+
+@functools.lru_cache(maxsize=64)
+def config_from_key(key: str) -> AttentionConfig:
+    """The config a JSON key (`json.dumps(cfg.to_dict(), sort_keys=True)`) or a preset name stands for."""
+    if not key.startswith("{"):
+        return get_method(key)
+    return AttentionConfig.from_dict(json.loads(key))
+
+
+def kernel_plan(
+    cfg: AttentionConfig,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    *,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    varlen: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
+    varlen_kernel: bool = True,
+) -> KernelPlan:
+    """The plan of this call (`plan_call` with the default options): `.reason` is None if the
+    fused kernels run it, else why not (the config and inputs, then the scale, then varlen's own);
+    `varlen_kernel`: whether a varlen call takes the one-launch kernel (`plan_call`)."""
+    return plan_call(
+        cfg,
+        query,
+        key,
+        value,
+        scale=scale,
+        mask=mask,
+        is_causal=is_causal,
+        varlen=varlen,
+        varlen_kernel=varlen_kernel,
+    )
+
+
+def plan_key(
+    cfg_key: str,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+) -> tuple:
+    """Everything a dense plan reads (`plan_call`): the method, each operand's device, dtype,
+    shape, strides and base alignment (a pass's kernel reads 16-byte alignment and bf16 pairs), the
+    mask's layout, causality, the scale, the interpreter switch and the Gluon passes that failed to
+    build in this process."""
+    operands = tuple((t.dtype, t.shape, t.stride(), t.data_ptr() % 16) for t in (query, key, value))
+    masked = None if mask is None else (mask.dtype, mask.shape, mask.stride())
+    env = (cpu_kernels_requested(), len(prepass_hopper._broken))
+    return (cfg_key, query.device, operands, masked, is_causal, scale, env)
+
+
+def cached_plan(
+    cfg_key: str,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    *,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+) -> KernelPlan:
+    """`kernel_plan` of a dense call, computed once per `plan_key` (a plan is frozen data)."""
+    sig = plan_key(cfg_key, query, key, value, scale, mask, is_causal)
+    plan = _PLANS.get(sig)
+    if plan is None:
+        plan = kernel_plan(config_from_key(cfg_key), query, key, value, scale, mask=mask, is_causal=is_causal)
+        if len(_PLANS) >= PLAN_CACHE_SIZE:
+            _PLANS.clear()
+        _PLANS[sig] = plan
+    return plan

@@ -31,10 +31,13 @@ from mxattention.kernels.plan import (
     kv_heads_per_chunk,
     launch_config,
     plan_call,
+    record_build_failure,
+    replan,
     scale_reason,
     smoothing_heads_per_chunk,
     unsupported_reason,
 )
+from mxattention.kernels.specs import BuildFailure
 
 __all__ = [
     "CPU_KERNELS_ENV",
@@ -175,7 +178,29 @@ def run_plan(
     mask: torch.Tensor | None = None,
     is_causal: bool = False,
 ) -> FusedOutput:
-    """Execute a dense plan (`plan_call` of these inputs) chunk by chunk (see `fused_attention`)."""
+    """Execute a dense plan (`plan_call` of these inputs) chunk by chunk (see `fused_attention`).
+    A kernel that does not build here (`specs.BuildFailure`: a Gluon pass, a `tl` forward past
+    shared memory) is recorded by the planner, and the plan made again takes the fallback."""
+    while True:
+        try:
+            return _run_dense(plan, query, key, value, mask=mask, is_causal=is_causal)
+        except BuildFailure as failure:
+            record_build_failure(failure)
+            fallback = replan(plan, query, key, value, mask=mask, is_causal=is_causal)
+            if fallback == plan:  # nothing left to fall back to
+                raise
+            plan = fallback
+
+
+def _run_dense(
+    plan: KernelPlan,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+) -> FusedOutput:
     from mxattention.attention.operands import q_block_mean_rows
 
     assert plan.runs and not plan.varlen
@@ -238,7 +263,7 @@ def _run_chunk(
     from mxattention.kernels.smoothing import smoothing_correction
 
     lq, hk, lk, dv = query.shape[2], key.shape[1], key.shape[2], value.shape[3]
-    bm, bn, lkp, qe = plan.block_m, plan.block_n, plan.lk_pad, plan.qk_elem
+    bm, bn, lkp, qe = plan.block_m, plan.block_n, plan.lk_pad, plan.qk_elem  # (the passes' lengths)
     wide = plan.kv_layout == "bf16"
     group = query.shape[1] // hk
     blk = plan.smooth_q_block
@@ -277,8 +302,8 @@ def _run_chunk(
     )
     if plan.fwd_kernel == "gluon":
         lse[bs, qh] = mx_attention_fwd_hopper(
-            qp, kp, vp, lq=lq, lk=lk, group=group, out=out[bs, qh], p_rule=plan.p_rule,
-            pnq=plan.pnq, scale=plan.scale, p_elem=plan.p_elem, qk_elem=qe, p_cvt=plan.p_cvt, smooth_q=smooth,
+            qp, kp, vp, spec=plan.fwd, lq=lq, lk=lk, group=group, out=out[bs, qh], scale=plan.scale,
+            smooth_q=smooth,
         )  # fmt: skip
         return qp, kp, vp, smooth
     dbg_chunk = None if dbg is None else torch.zeros_like(dbg[bs, qh])
@@ -286,27 +311,15 @@ def _run_chunk(
         qp,
         kp,
         vp,
+        spec=plan.fwd,
         lq=lq,
         lk=lk,
         dv=dv,
         group=group,
         out=out[bs, qh],
-        p_rule=plan.p_rule,
-        pnq=plan.pnq,
-        block_n=bn,
         scale=plan.scale,
-        is_causal=is_causal,
         mask=None if mask is None else mask[bs, qh],
-        matrix_path=plan.matrix_path,
-        block_m=bm,
-        num_warps=plan.num_warps,
-        num_stages=plan.num_stages,
-        compile_options=plan.compile_options,
         debug_p=dbg_chunk,
-        p_elem=plan.p_elem,
-        v_elem=plan.v_elem,
-        qk_elem=qe,
-        p_cvt=plan.p_cvt,
         smooth_q=smooth,
     )
     if dbg is not None:

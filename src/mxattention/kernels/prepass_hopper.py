@@ -29,13 +29,12 @@ warning.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
-from mxattention.kernels._triton import sm_count, triton
+from mxattention.kernels._triton import sm_count, triton  # noqa: F401  (triton: the Gluon kernels)
 from mxattention.kernels.cast import bf16_pair_floats, cast_blocks, cast_packed
 from mxattention.kernels.hadamard import hadamard_rows
+from mxattention.kernels.specs import BuildFailure
 from mxattention.kernels.targets import SM_90A, current_target
 
 try:
@@ -340,7 +339,6 @@ if HAS_GLUON:
         tma.store_wait(pendings=0)
 
 
-_broken: dict[str, str] = {}  # kernel name -> the reason, once its build failed in this process
 _built: set[tuple] = set()  # (kernel name, dtype, constants) built in this process
 
 
@@ -363,7 +361,7 @@ def usable(x: torch.Tensor, lp: int, hadamard: bool) -> bool:
     """Whether `prepass_k_bf16` takes x [B, H, L, D] padded to lp rows: a CUDA sm_90 bf16 or fp16
     tensor with D = 128, rows that are 16-byte aligned (cp.async), lp a multiple of the tile, and
     the rotation on."""
-    if "k_bf16" in _broken or x.dtype not in (torch.bfloat16, torch.float16) or lp % TILE_ROWS:
+    if x.dtype not in (torch.bfloat16, torch.float16) or lp % TILE_ROWS:
         return False
     return _sm90_d128(x, hadamard)
 
@@ -372,38 +370,31 @@ def usable_q(x: torch.Tensor, lp: int, hadamard: bool) -> bool:
     """Whether `prepass_q_packed` takes x [B, H, L, D] padded to lp rows: a CUDA sm_90 bf16 tensor
     with D = 128 whose rows TMA can copy (16-byte aligned base and strides), lp a multiple of its
     tile, and the rotation on."""
-    if "q_packed" in _broken or x.dtype != torch.bfloat16 or lp % (16 * Q_WARPS):
+    if x.dtype != torch.bfloat16 or lp % (16 * Q_WARPS):
         return False
     return _sm90_d128(x, hadamard)
 
 
-def _launch(name: str, kernel, grid: tuple, args: tuple, consts: dict, options: dict, dtype) -> bool:
+def _launch(name: str, kernel, grid: tuple, args: tuple, consts: dict, options: dict, dtype) -> None:
     """Launch a Gluon kernel (compile `options`: num_warps, maxnreg), built first without launching
-    so that only a build failure (Gluon's API and passes move between Triton releases) falls back:
-    False after one warning naming the error, and `usable*` says no from then on."""
+    so that a build failure (Gluon's API and passes move between Triton releases) raises
+    `specs.BuildFailure(name, why)` before anything runs; the planner records it and plans the `tl`
+    pass (`plan.record_build_failure`)."""
     key = (name, dtype, tuple(sorted(consts.items())))
     if key not in _built:
         try:
             kernel.warmup(*args, grid=grid, **consts, **options)
-        except Exception as err:  # any build error: reported once, then the tl kernel
-            _broken[name] = f"{type(err).__name__}: {err}"
-            warnings.warn(
-                f"mxattention: the Gluon {name} pre-pass does not build with Triton {triton.__version__} "
-                f"({_broken[name][:300]}); using the tl kernel (same bytes, ~10 % slower pass)",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-            return False
+        except Exception as err:  # any build error: the planner's fallback
+            raise BuildFailure(name, f"{type(err).__name__}: {err}") from err
         _built.add(key)
     kernel[grid](*args, **consts, **options)
-    return True
 
 
 def prepass_k_bf16(
     x: torch.Tensor, out: torch.Tensor, lp: int, rot_levels: int, rot_norm: float, rule_args: dict
-) -> bool:
-    """Rotated K^ of x [B, H, L, 128] as bf16 into out [B, H, lp, 128]; False (nothing written) if
-    this Triton cannot build the kernel, after one warning that says why."""
+) -> None:
+    """Rotated K^ of x [B, H, L, 128] as bf16 into out [B, H, lp, 128]; raises `specs.BuildFailure`
+    (nothing written) if this Triton cannot build the kernel."""
     b, h, n, d = x.shape
     sms = sm_count(x.device)
     rows, warps, per_sm = TILE_ROWS, WARPS, PROGRAMS_PER_SM
@@ -414,7 +405,7 @@ def prepass_k_bf16(
     grid = (min(n_tiles, per_sm * sms),)
     args = (x, out, n, h, x.stride(0) // 8, x.stride(1) // 8, x.stride(2) // 8, lp, n_tiles, tiles_per_head)
     consts = dict(BL=rows, DP=d, STAGES=STAGES, ROT_LEVELS=rot_levels, ROT_NORM=rot_norm, **rule_args)
-    return _launch("k_bf16", _k_bf16_pipelined_kernel, grid, args, consts, dict(num_warps=warps), x.dtype)
+    _launch("k_bf16", _k_bf16_pipelined_kernel, grid, args, consts, dict(num_warps=warps), x.dtype)
 
 
 def prepass_q_packed(
@@ -426,9 +417,9 @@ def prepass_q_packed(
     fold_e_max: int,
     rule_args: dict,
     q_mean: tuple[torch.Tensor, int] | None = None,
-) -> bool:
+) -> None:
     """Rotated, packed Q^ of bf16 x [B, H, L, 128] into codes [B, H, lp, 64] and scales
-    [B, H, lp, 4] (uint8); False (nothing written) if this Triton cannot build the kernel.
+    [B, H, lp, 4] (uint8); raises `specs.BuildFailure` (nothing written) if this Triton cannot build it.
     `q_mean` = (qm [B, H, ceil(L / block), 128] fp32, block): Q smoothing, as `prepass.prepass_qk`."""
     b, h, n, _ = x.shape
     rows = 16 * Q_WARPS
@@ -452,4 +443,4 @@ def prepass_q_packed(
     args = (desc, codes_desc, scales, h, lp, n_tiles, qm, n, qm.shape[2] if block else 1)
     consts = dict(NORM=rot_norm, FOLD_E_MAX=fold_e_max, STAGES=Q_STAGES, SMOOTH=block, **rule_args)
     options = dict(num_warps=Q_WARPS, maxnreg=Q_MAXNREG)
-    return _launch("q_packed", _q_packed_kernel, (per_head, b * h), args, consts, options, x.dtype)
+    _launch("q_packed", _q_packed_kernel, (per_head, b * h), args, consts, options, x.dtype)

@@ -156,7 +156,11 @@ def _breakdown(q, k, v, method: str) -> dict:
         "mxattention_plan_uncached": uncached,
         "op_only": lambda: sdpa_op(q, k, v, None, False, scale, False, method),
         "plan_only": lambda: plan_call(cfg, q, k, v, scale=scale),
-        "run_plan_only": lambda: run_plan(plan, q, k, v),
+        "cached_plan_only": lambda: kplan.cached_plan(method, q, k, v, scale),
+        # A cached plan launches its compiled kernels directly (kernels/launch.py); a plan made
+        # outside the cache goes through Triton's JIT at every launch: the two rows A/B that path.
+        "run_plan_only": lambda: run_plan(kplan.cached_plan(method, q, k, v, scale), q, k, v),
+        "run_plan_jit_launch": lambda: run_plan(plan, q, k, v),
     }
 
 

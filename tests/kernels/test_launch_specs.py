@@ -189,3 +189,91 @@ def test_codegen_builds_the_planners_launch(monkeypatch):
     assert call.grid == (p.lq_pad // p.block_m, case.heads) and not call.constants["P_CVT"]
     monkeypatch.setattr(targets, "HW_E4M3_CAST", frozenset({"sm_120"}))
     assert codegen.launch_for(target, case)[1].constants["P_CVT"]
+
+
+class _FakeJit:
+    """A jit kernel's launch surface: `kernel[grid](...)` compiles (once) and launches, returning the
+    compiled kernel, whose `compiled[grid](*values)` launches directly; `device_caches[device][-1]`
+    binds arguments as Triton's binder does (defaults applied, launch options apart)."""
+
+    def __init__(self):
+        import inspect
+        import types
+
+        def kernel(X, n, Y=None, BL: int = 16, FLAG: bool = False):  # positional, then keyword / constexprs
+            pass
+
+        sig = inspect.signature(kernel)
+
+        def binder(*args, **kwargs):
+            options = {k: kwargs.pop(k) for k in list(kwargs) if k not in sig.parameters}
+            bound = sig.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return dict(bound.arguments), None, options
+
+        self.params = [types.SimpleNamespace(name=n) for n in sig.parameters]
+        self.device_caches = {0: ({}, {}, None, None, binder)}
+        self.jit_launches, self.direct = [], []
+        fake = self
+
+        class Compiled:
+            def __getitem__(self, grid):
+                return lambda *values: fake.direct.append((grid, values))
+
+        self.compiled = Compiled()
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.jit_launches.append((grid, args, kwargs))
+            return self.compiled
+
+        return run
+
+
+def test_a_cached_slot_launches_its_compiled_kernel_directly(monkeypatch):
+    """`launch.launch`: the first launch of a slot goes through the JIT, later ones call the
+    compiled kernel with every parameter in signature order (constexprs and defaults included,
+    as `JITFunction.run` passes them), each with its own positional tensors. The interpreter,
+    MXATTENTION_DIRECT_LAUNCH=0, a tensor passed by keyword, or no slot: the JIT launch every time."""
+    import types
+
+    from triton.runtime import driver
+
+    from mxattention.kernels import launch
+
+    monkeypatch.setattr(driver, "_active", types.SimpleNamespace(get_current_device=lambda: 0))
+    enabled = launch.direct_launch_enabled
+    k, table = _FakeJit(), {}
+    x1, x2 = torch.zeros(2), torch.ones(2)
+    kw = dict(BL=32, num_warps=4)
+    monkeypatch.setattr(launch, "direct_launch_enabled", lambda: True)
+    launch.launch(k, (3, 2), (x1, 7), kw, (table, "q"))
+    launch.launch(k, (3, 2), (x2, 7), kw, (table, "q"))
+    assert len(k.jit_launches) == 1 and k.direct == [((3, 2, 1), (x2, 7, None, 32, False))]
+    launch.launch(k, (3, 2), (x2, 7), kw, None)  # no slot
+    launch.launch(k, (3, 2), (x1, 7), dict(kw, Y=x1), (table, "k"))  # a tensor by keyword
+    launch.launch(k, (3, 2), (x1, 7), dict(kw, Y=x1), (table, "k"))
+    monkeypatch.setattr(launch, "direct_launch_enabled", enabled)
+    monkeypatch.setattr(launch, "kernels_interpreted", lambda: False)  # compiled kernels, as on a GPU
+    assert enabled()
+    monkeypatch.setenv(launch.DIRECT_LAUNCH_ENV, "0")
+    launch.launch(k, (3, 2), (x1, 7), kw, (table, "v"))
+    launch.launch(k, (3, 2), (x1, 7), kw, (table, "v"))
+    assert len(k.jit_launches) == 6 and len(k.direct) == 1
+
+
+def test_the_interpreter_launches_a_cached_plan_through_the_jit(planner, monkeypatch):
+    """On Triton's interpreter a cached plan's every launch is the normal one (no compiled kernel)."""
+    from mxattention.kernels import attention_fwd, fused, launch
+
+    assert not launch.direct_launch_enabled()
+    q, k, v = _qkv()
+    p = planner.cached_plan("mxattention", q, k, v, 0.125)
+    assert (
+        p.launches == {} and planner.kernel_plan(get_method("mxattention"), q, k, v, 0.125).launches is None
+    )
+    spy = _Spy(attention_fwd._mx_attention_fwd_kernel)
+    monkeypatch.setattr(attention_fwd, "_mx_attention_fwd_kernel", spy)
+    for _ in range(2):
+        fused.run_plan(p, q, k, v)
+    assert len(spy.launches) == 2 and set(p.launches) == {(0, "q"), (0, "k"), ((0, "v"), 0), ((0, "fwd"), 0)}

@@ -57,6 +57,7 @@ from mxattention.kernels.cast import (
     inv_exp2,
     pack_nibbles,
 )
+from mxattention.kernels.launch import launch
 from mxattention.kernels.prepass import varlen_v_start
 from mxattention.kernels.specs import BuildFailure, FwdKernel, FwdSpec
 
@@ -447,12 +448,21 @@ class FwdCall:
     spec: FwdSpec | None = None
 
 
-def mx_attention_fwd(q_packed, k_packed, v_packed, *, spec: FwdSpec | None = None, **kwargs) -> torch.Tensor:
+def mx_attention_fwd(
+    q_packed,
+    k_packed,
+    v_packed,
+    *,
+    spec: FwdSpec | None = None,
+    slot: tuple[dict, object] | None = None,
+    **kwargs,
+) -> torch.Tensor:
     """Run the attention kernel on pre-pass outputs; writes `out` [B, Hq, Lq, Dv], returns lse
     [B, Hq, Lq]. With `spec` (a plan's `KernelPlan.fwd`) the keyword arguments are `fwd_launches`'s
     (tensors and their lengths; a build past shared memory raises `specs.BuildFailure` for the
     plan's caller); without, `fwd_calls`'s (the spec is planned from them, and a build past shared
-    memory is recorded by the planner and planned again with one stage fewer)."""
+    memory is recorded by the planner and planned again with one stage fewer). `slot`: the launch's
+    slot in a cached plan (`launch.launch`)."""
     from mxattention.kernels.plan import record_build_failure
 
     while True:
@@ -461,8 +471,8 @@ def mx_attention_fwd(q_packed, k_packed, v_packed, *, spec: FwdSpec | None = Non
         else:
             lse, calls = fwd_launches(spec, q_packed, k_packed, v_packed, **kwargs)
         try:
-            for call in calls:
-                _launch(call, q_packed[0].device)
+            for i, call in enumerate(calls):
+                _launch(call, q_packed[0].device, None if slot is None else (slot[0], (slot[1], i)))
             return lse
         except BuildFailure as failure:
             if spec is not None:  # a plan's spec: its caller (`fused.run_plan`) plans again
@@ -568,9 +578,11 @@ def fwd_launches(
     debug_p: torch.Tensor | None = None,
     varlen: tuple[torch.Tensor, torch.Tensor, int] | None = None,
     smooth_q: tuple[torch.Tensor, int] | None = None,
+    lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[FwdCall]]:
     """(lse, the launches) of `spec` (`plan.tl_fwd_spec`) on these tensors (see `fwd_calls`): reads
-    the spec and the tensors, nothing else."""
+    the spec and the tensors, nothing else. `lse`: a contiguous fp32 [B, Hq, Lq] to write (default
+    a new one)."""
     c = spec.constants
     block_m, block_n, v_elem = c["BM"], c["BN"], c["V_ELEM"]
     qc, qs = q_packed
@@ -591,7 +603,8 @@ def fwd_launches(
     assert varlen is None or (mask is None and debug_p is None and bsz == 1 and smooth_q is None)
     assert (mask is None) == (c["MASK_MODE"] == MASK_NONE) and (debug_p is not None) == c["DEBUG_P"]
     assert (0 if smooth_q is None else smooth_q[1]) == c["SMOOTH_Q_BLOCK"]
-    lse = torch.empty((bsz, hq, lq), dtype=torch.float32, device=qc.device)
+    if lse is None:
+        lse = torch.empty((bsz, hq, lq), dtype=torch.float32, device=qc.device)
     if mask is None:
         mask_arg, mstrides = qc, (0, 0, 0, 0)
     else:
@@ -637,7 +650,7 @@ def fwd_launches(
     return lse, calls
 
 
-def _launch(call: FwdCall, device: torch.device) -> None:
+def _launch(call: FwdCall, device: torch.device, slot: tuple[dict, object] | None = None) -> None:
     """Launch `call` as its spec says. A build that overflows shared memory raises
     `specs.BuildFailure(spec)` (stages > 1): the planner records it and plans one stage fewer
     (`plan.fitted`); nothing here remembers it."""
@@ -650,7 +663,7 @@ def _launch(call: FwdCall, device: torch.device) -> None:
         else {**spec.launch_kwargs, "num_stages": call.num_stages}
     )
     try:
-        _mx_attention_fwd_kernel[call.grid](*call.args, **kw)
+        launch(_mx_attention_fwd_kernel, call.grid, call.args, kw, slot)
     except OutOfResources as err:
         if call.num_stages <= 1:
             raise

@@ -31,6 +31,7 @@ Structure (one CTA per 128 query rows of one (batch, head)):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ import torch
 from mxattention.kernels import targets
 from mxattention.kernels._triton import HAS_TRITON, tl, triton
 from mxattention.kernels.cast import block_scale, elem_round
+from mxattention.kernels.launch import launch
 from mxattention.kernels.rules import KERNEL_ELEMS
 from mxattention.kernels.specs import FwdSpec
 from mxattention.kernels.targets import Target, current_target, hw_e4m3_cast
@@ -596,6 +598,18 @@ class GluonFwdCall:
     spec: FwdSpec | None = None
 
 
+@functools.cache
+def _shared_layout(shape: tuple[int, ...], dtype) -> object:
+    """The default NVMMA shared layout of a TMA box (built once per box and dtype, not per call)."""
+    return gl.NVMMASharedLayout.get_default_for(list(shape), dtype)
+
+
+@functools.cache
+def _row_layout() -> object:
+    """Q smoothing's correction rows: one row of keys per tile, no swizzle (a flat [BN] vector)."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
 def out_tma_ok(out: torch.Tensor) -> bool:
     """Whether TMA can write out [B, Hq, Lq, 128]: a 2-byte dtype, unit last stride, 16-byte aligned
     base and strides (the planner's `o_tma` of a call, with `OUT_TMA`)."""
@@ -611,9 +625,7 @@ def _out_desc(out: torch.Tensor) -> TensorDescriptor:
     """A [B, Hq, Lq, 128] TMA descriptor over out's own strides, boxes of one consumer's [1, 1, 64, 128]."""
     dt = gl.bfloat16 if out.dtype == torch.bfloat16 else gl.float16
     box = [1, 1, BLOCK_M // 2, HEAD_DIM]
-    return TensorDescriptor(
-        out, list(out.shape), list(out.stride()), box, gl.NVMMASharedLayout.get_default_for(box, dt)
-    )
+    return TensorDescriptor(out, list(out.shape), list(out.stride()), box, _shared_layout(tuple(box), dt))
 
 
 def gluon_fwd_call(
@@ -719,13 +731,12 @@ def gluon_launch(
         if c["CORR_MMA"]:  # the producer reads the rows itself
             c_desc = corr
         else:  # one row of keys per tile, no swizzle: the consumers read it back as a flat [BN] vector
-            c_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
             c2 = corr.view(bsz * hq * nbq, lkp)
-            c_desc = TensorDescriptor(c2, list(c2.shape), list(c2.stride()), [1, BLOCK_N], c_layout)
+            c_desc = TensorDescriptor(c2, list(c2.shape), list(c2.stride()), [1, BLOCK_N], _row_layout())
     assert blk == c["SMOOTH_Q_BLOCK"], (blk, c["SMOOTH_Q_BLOCK"])
     if lse is None:
         lse = torch.empty((bsz, hq, lq), dtype=torch.float32, device=qc.device)
-    layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], gl.bfloat16)
+    layout = _shared_layout((BLOCK_N, HEAD_DIM), gl.bfloat16)
     k2, v2 = kx.view(bsz * hk * lkp, HEAD_DIM), vx.view(bsz * hk * lkp, HEAD_DIM)
     k_desc = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [BLOCK_N, HEAD_DIM], layout)
     v_desc = TensorDescriptor(v2, list(v2.shape), list(v2.stride()), [BLOCK_N, HEAD_DIM], layout)
@@ -739,11 +750,12 @@ def mx_attention_fwd_hopper(
     q_packed: tuple[torch.Tensor, torch.Tensor], kx: torch.Tensor, vx: torch.Tensor, **kwargs: object
 ) -> torch.Tensor:
     """Run the Gluon kernel on pre-pass outputs (the arguments of `gluon_fwd_call`, or with `spec` a
-    plan's `KernelPlan.fwd` those of `gluon_launch`); writes `out`, returns lse [B, Hq, Lq]."""
-    spec = kwargs.pop("spec", None)
+    plan's `KernelPlan.fwd` those of `gluon_launch`, and `slot` its slot in a cached plan,
+    `launch.launch`); writes `out`, returns lse [B, Hq, Lq]."""
+    spec, slot = kwargs.pop("spec", None), kwargs.pop("slot", None)
     if spec is None:
         lse, call = gluon_fwd_call(q_packed, kx, vx, **kwargs)
     else:
         lse, call = gluon_launch(spec, q_packed, kx, vx, **kwargs)
-    _mx_attention_fwd_hopper_kernel[call.grid](*call.args, **call.spec.launch_kwargs)
+    launch(_mx_attention_fwd_hopper_kernel, call.grid, call.args, call.spec.launch_kwargs, slot)
     return lse

@@ -1,8 +1,9 @@
 """The attention kernel built offline for any GPU target, and what its assembly holds.
 
-Exposes `Case` (the call shape a build stands for), `build(target, case)` (the launch the runtime
-would make for it on that target: `attention_fwd.fwd_calls` with `fused.launch_config`'s tiles,
-compiled by Triton's bundled toolchain: no GPU needed) and `Summary` / `summarize(target, case)`
+Exposes `Case` (the call shape a build stands for), `plan_for` / `launch_for(target, case)` (the
+planner's plan and launch of the case on that target: `plan.plan_call` with an explicit target and
+`specs.PlanOverrides`), `build(target, case)` (that launch compiled by Triton's bundled toolchain:
+no GPU needed) and `Summary` / `summarize(target, case)`
 (block-scaled MMA instructions, per loop iteration and in all, signs of an E2M1 decode on the
 operand path, registers, spills, shared memory, divides in the loops, compile time).
 Also `parse_spec` (a build named "sm_120a/d128/causal"), `toolchain_missing`

@@ -23,7 +23,6 @@ from mxattention.kernels.plan import (
     KV_LAYOUTS,
     LOG2E,
     MAX_HEAD_DIM,
-    ChunkPlan,
     KernelPlan,
     chunk_bytes,
     chunk_streams_for,
@@ -227,14 +226,14 @@ def _run_dense(
     if len(streams) > 1:
         streams[1].wait_stream(streams[0])
     held: list[tuple | None] = [None] * len(streams)
-    for i, chunk in enumerate(plan.chunks):
+    for i in range(len(plan.chunks)):
         slot = i % len(streams)
         on = contextlib.nullcontext() if streams[slot] is None else torch.cuda.stream(streams[slot])
         with on:
             # Chunk i - n's operands back to this stream's pool before chunk i allocates: at most
             # n chunks' operands alive at once (`KernelPlan.live_kv_heads`).
             held[slot] = None
-            held[slot] = _run_chunk(plan, chunk, query, key, value, out, lse, dbg, qm_all, mask, is_causal)
+            held[slot] = _run_chunk(plan, i, query, key, value, out, lse, dbg, qm_all, mask, is_causal)
     if len(streams) > 1:
         streams[0].wait_stream(streams[1])
     del held
@@ -244,7 +243,7 @@ def _run_dense(
 
 def _run_chunk(
     plan: KernelPlan,
-    chunk: ChunkPlan,
+    index: int,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -255,8 +254,9 @@ def _run_chunk(
     mask: torch.Tensor | None,
     is_causal: bool,
 ) -> tuple:
-    """Pre-pass and kernel of one chunk on the current stream, writing its slices of out, lse and
-    dbg; returns its operands, which the caller keeps referenced while a kernel may read them."""
+    """Pre-pass and kernel of chunk `index` on the current stream, writing its slices of out, lse and
+    dbg; returns its operands, which the caller keeps referenced while a kernel may read them. A
+    cached plan's launches go through their slots (`launch.launch`: compiled kernels, directly)."""
     from mxattention.kernels.attention_fwd import mx_attention_fwd
     from mxattention.kernels.attention_fwd_hopper import mx_attention_fwd_hopper
     from mxattention.kernels.prepass import prepass_qk, prepass_v
@@ -268,60 +268,84 @@ def _run_chunk(
     group = query.shape[1] // hk
     blk = plan.smooth_q_block
     q_rule, k_rule, v_rule = plan.rules
+    chunk = plan.chunks[index]
+    table = plan.launches
+
+    def slot(name: str) -> tuple[dict, object] | None:
+        return None if table is None else (table, (index, name))
+
     (b0, b1), (h0, h1) = chunk.batches, chunk.kv_heads
     bs, kv, qh = slice(b0, b1), slice(h0, h1), slice(h0 * group, h1 * group)
+    whole = len(plan.chunks) == 1  # the whole call: its tensors as they are (no views per call)
+
+    def part(x: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
+        return x if whole or x is None else x[bs, rows]
+
+    mask_chunk, out_chunk, lse_chunk = part(mask, qh), part(out, qh), part(lse, qh)
+
     smooth, q_mean = None, None
     if blk:
-        q_mean = (qm_all[bs, qh], blk)
-        smooth = (smoothing_correction(qm_all[bs, qh], key[bs, kv], lkp), blk)
+        q_mean = (part(qm_all, qh), blk)
+        smooth = (smoothing_correction(part(qm_all, qh), part(key, kv), lkp, slot=slot("corr")), blk)
     qp = prepass_qk(
-        query[bs, qh],
+        part(query, qh),
         q_rule,
         hadamard=plan.hadamard,
         len_multiple=max(bm, 128),
         elem=qe,
         q_mean=q_mean,
         pass_plan=chunk.q_pass,
+        slot=slot("q"),
     )
     kp = prepass_qk(
-        key[bs, kv],
+        part(key, kv),
         k_rule,
         hadamard=plan.hadamard,
         len_multiple=max(bn, 128),
         out_bf16=wide,
         elem=qe,
         pass_plan=chunk.k_pass,
+        slot=slot("k"),
     )
     vp = prepass_v(
-        value[bs, kv],
+        part(value, kv),
         v_rule,
         len_multiple=max(bn, 128),
         out_bf16=wide,
         elem=plan.v_elem,
         pass_plan=chunk.v_pass,
+        slot=slot("v"),
     )
+    # lse's chunk is written in place where it is contiguous (one batch, or all heads), else copied.
+    direct = lse_chunk.is_contiguous()
     if plan.fwd_kernel == "gluon":
-        lse[bs, qh] = mx_attention_fwd_hopper(
-            qp, kp, vp, spec=plan.fwd, lq=lq, lk=lk, group=group, out=out[bs, qh], scale=plan.scale,
-            smooth_q=smooth,
+        got = mx_attention_fwd_hopper(
+            qp, kp, vp, spec=plan.fwd, slot=slot("fwd"), lq=lq, lk=lk, group=group, out=out_chunk,
+            scale=plan.scale, smooth_q=smooth, lse=lse_chunk if direct else None,
         )  # fmt: skip
+        if not direct:
+            lse[bs, qh] = got
         return qp, kp, vp, smooth
     dbg_chunk = None if dbg is None else torch.zeros_like(dbg[bs, qh])
-    lse[bs, qh] = mx_attention_fwd(
+    got = mx_attention_fwd(
         qp,
         kp,
         vp,
         spec=plan.fwd,
+        slot=slot("fwd"),
         lq=lq,
         lk=lk,
         dv=dv,
         group=group,
-        out=out[bs, qh],
+        out=out_chunk,
         scale=plan.scale,
-        mask=None if mask is None else mask[bs, qh],
+        mask=mask_chunk,
         debug_p=dbg_chunk,
         smooth_q=smooth,
+        lse=lse_chunk if direct else None,
     )
+    if not direct:
+        lse[bs, qh] = got
     if dbg is not None:
         dbg[bs, qh] = dbg_chunk  # the kernel indexes its buffer as a contiguous [B, heads, Lq, Lk']
     return qp, kp, vp, smooth

@@ -6,7 +6,11 @@ Gluon kernel, layout, tiles), `ChunkPlan` (a group of batches x KV heads run bef
 operands exist), and the predicates and rules the plan is made of: `unsupported_reason`,
 `scale_reason`, `varlen_reason`, `launch_config`, `kv_heads_per_chunk`, `smoothing_heads_per_chunk`,
 `chunk_bytes`, `chunk_streams_for`, `recoverable_waves`, `default_matrix_path`, `cpu_kernels_requested`; it asks `prepass.qk_pass` /
-`prepass.v_pass` (each pass's kernel and tiles) and `attention_fwd_hopper.fwd_kernel_for`.
+`prepass.v_pass` (each pass's kernel and tiles) and `attention_fwd_hopper.fwd_kernel_for`. The
+forward's launch spec (`specs.FwdSpec`: every constexpr) is decided here (`tl_fwd_spec`,
+`gluon_fwd_spec`), and so is what a build failure changes (`record_build_failure`, `fitted`,
+`replan`). The plan cache lives here too: `plan_key`, `cached_plan` (a cached plan also holds the
+launch table of its compiled kernels, `launch.launch`), `kernel_plan`, `config_from_key`.
 
 `fused.fused_attention` and `fused_varlen.fused_varlen_attention` execute a plan; the custom ops
 (`kernels.op`, `kernels.varlen_op`) ask `plan.reason` whether the kernels serve a call;
@@ -522,6 +526,9 @@ class KernelPlan:
     config: AttentionConfig | None = field(default=None, compare=False, repr=False)
     call_scale: float = field(default=0.0, compare=False, repr=False)
     overrides: PlanOverrides = field(default=PlanOverrides(), compare=False, repr=False)
+    # A cached plan's launch table (`launch.launch`'s slots: compiled kernels launched directly);
+    # None for a plan made outside the cache, whose launches go through Triton's JIT each time.
+    launches: dict | None = field(default=None, compare=False, repr=False)
 
     @property
     def runs(self) -> bool:
@@ -843,11 +850,12 @@ def plan_key(
     is_causal: bool,
 ) -> tuple:
     """Everything a dense plan reads (`plan_call`): the method, each operand's device, dtype,
-    shape, strides and base alignment (a pass's kernel reads 16-byte alignment and bf16 pairs), the
-    mask's layout, causality, the scale, the interpreter switch and the builds that failed in this
+    shape, strides and base alignment (a pass's kernel reads 16-byte alignment and bf16 pairs; Triton
+    specializes on it, so a cached plan's compiled kernels fit every call of its key), the mask's
+    layout and alignment, causality, the scale, the interpreter switch and the builds that failed in this
     process (`record_build_failure`)."""
     operands = tuple((t.dtype, t.shape, t.stride(), t.data_ptr() % 16) for t in (query, key, value))
-    masked = None if mask is None else (mask.dtype, mask.shape, mask.stride())
+    masked = None if mask is None else (mask.dtype, mask.shape, mask.stride(), mask.data_ptr() % 16)
     env = (cpu_kernels_requested(), len(_BUILD_FAILURES))
     return (cfg_key, query.device, operands, masked, is_causal, scale, env)
 
@@ -862,11 +870,15 @@ def cached_plan(
     mask: torch.Tensor | None = None,
     is_causal: bool = False,
 ) -> KernelPlan:
-    """`kernel_plan` of a dense call, computed once per `plan_key` (a plan is frozen data)."""
+    """`kernel_plan` of a dense call, computed once per `plan_key` (a plan is frozen data), with a
+    launch table (`KernelPlan.launches`): `fused.run_plan` of these inputs launches its compiled
+    kernels directly from the second call on (`launch.launch`). Run it only on inputs of this
+    signature (the op does)."""
     sig = plan_key(cfg_key, query, key, value, scale, mask, is_causal)
     plan = _PLANS.get(sig)
     if plan is None:
         plan = kernel_plan(config_from_key(cfg_key), query, key, value, scale, mask=mask, is_causal=is_causal)
+        plan = replace(plan, launches={})
         if len(_PLANS) >= PLAN_CACHE_SIZE:
             _PLANS.clear()
         _PLANS[sig] = plan

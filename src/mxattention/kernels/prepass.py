@@ -43,6 +43,7 @@ from mxattention.kernels import prepass_hopper
 from mxattention.kernels._triton import sm_count, tl, triton
 from mxattention.kernels.cast import bf16_pair_floats, cast_blocks, cast_packed, pack_nibbles
 from mxattention.kernels.hadamard import hadamard_rows
+from mxattention.kernels.launch import launch
 from mxattention.kernels.rules import rule_constants
 from mxattention.kernels.specs import BuildFailure
 from mxattention.rotation import rotation_block
@@ -465,6 +466,7 @@ def prepass_qk(
     elem: str = "e2m1",
     q_mean: tuple[torch.Tensor, int] | None = None,
     pass_plan: PassPlan | None = None,
+    slot: tuple[dict, object] | None = None,
 ):
     """Rotate (optionally) and cast x [B, H, L, D] along D: (codes [B,H,Lp,Dp/2], scales [B,H,Lp,Dp/32]).
 
@@ -475,7 +477,8 @@ def prepass_qk(
     block): Q smoothing, x - qm of each row's block before the rotation. `pass_plan`: the kernel
     and tiles (`qk_pass`, which `plan.plan_call` and the default ask); a planned Gluon pass that
     does not build raises `specs.BuildFailure` (the planner's caller plans the fallback), the
-    default one is recorded (`plan.record_build_failure`) and the `tl` pass runs.
+    default one is recorded (`plan.record_build_failure`) and the `tl` pass runs. `slot`: the
+    launch's slot in a cached plan (`launch.launch`).
     """
     b, h, n, d = x.shape
     dp = padded_dim(d)
@@ -511,15 +514,7 @@ def prepass_qk(
             pass_plan = _default_qk_pass(x, lp, hadamard, out_bf16, elem, q_mean is not None)
     row_layout = pass_plan.layout == "rows"
     bl, warps = pass_plan.rows, pass_plan.warps
-    _qk_prepass_kernel[(lp // bl, b * h)](
-        x,
-        codes,
-        scales,
-        n,
-        d,
-        h,
-        *x.stride(),
-        lp,
+    consts = dict(
         BL=bl,
         DP=dp,
         ROW_LAYOUT=row_layout,
@@ -537,6 +532,10 @@ def prepass_qk(
         **_rule_args(rule, elem),
         num_warps=warps,
     )
+    args = (x, codes, scales, n, d, h, *x.stride(), lp)
+    if q_mean is not None:  # QM is a tensor the kernel reads: a positional argument of the launch
+        slot = None
+    launch(_qk_prepass_kernel, (lp // bl, b * h), args, consts, slot)
     return codes if out_bf16 else (codes, scales)
 
 
@@ -549,6 +548,7 @@ def prepass_v(
     varlen: tuple[torch.Tensor, int] | None = None,
     elem: str = "e2m1",
     pass_plan: PassPlan | None = None,
+    slot: tuple[dict, object] | None = None,
 ):
     """Cast v [B, H, L, Dv] along the keys: (codes [B,H,Dvp,Lp/2], scales [B,H,Dvp,Lp/32]).
 
@@ -558,7 +558,8 @@ def prepass_v(
     `varlen` = (cu_seqlens_k, max_seqlen_k): v [1, H, total_k, Dv] is a packed batch whose blocks
     of 32 keys restart at every sequence; Lp = `varlen_v_len` and sequence i starts at row
     `varlen_v_start` (its rows past its length rounded up to 32 are left unwritten). `pass_plan`:
-    the tiles (`v_pass`, which `plan.plan_call` and the default ask).
+    the tiles (`v_pass`, which `plan.plan_call` and the default ask); `slot`: the launch's slot in a
+    cached plan (`launch.launch`).
     """
     b, h, n, d = v.shape
     dp = padded_dim(d)
@@ -580,23 +581,10 @@ def prepass_v(
         grid = (lp // bl, b * h)
         if varlen is not None:  # programs of the longest sequence, for every sequence
             grid = (-(-max_len // bl), b * h, min(GRID_Z_MAX, num_seqs - seq0))
-        _v_prepass_kernel[grid](
-            v,
-            codes,
-            scales,
-            n,
-            d,
-            h,
-            *v.stride(),
-            lp,
-            cu,
-            seq0,
-            BL=bl,
-            DP=dp,
-            OUT_BF16=out_bf16,
-            VARLEN=varlen is not None,
-            ELEM=elem,
-            **_rule_args(rule, elem),
+        consts = dict(
+            BL=bl, DP=dp, OUT_BF16=out_bf16, VARLEN=varlen is not None, ELEM=elem, **_rule_args(rule, elem),
             num_warps=warps,
-        )
+        )  # fmt: skip
+        args = (v, codes, scales, n, d, h, *v.stride(), lp, cu, seq0)
+        launch(_v_prepass_kernel, grid, args, consts, None if slot is None else (slot[0], (slot[1], seq0)))
     return codes if out_bf16 else (codes, scales)

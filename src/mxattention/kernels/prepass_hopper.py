@@ -29,11 +29,14 @@ warning.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from mxattention.kernels._triton import sm_count, triton  # noqa: F401  (triton: the Gluon kernels)
 from mxattention.kernels.cast import bf16_pair_floats, cast_blocks, cast_packed
 from mxattention.kernels.hadamard import hadamard_rows
+from mxattention.kernels.launch import launch
 from mxattention.kernels.specs import BuildFailure
 from mxattention.kernels.targets import SM_90A, current_target
 
@@ -342,6 +345,12 @@ if HAS_GLUON:
 _built: set[tuple] = set()  # (kernel name, dtype, constants) built in this process
 
 
+@functools.cache
+def _swizzled(swizzle: int, rank: int) -> object:
+    """A 32-bit NVMMA shared layout of the Q^ pass's TMA boxes (built once, not per call)."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=32, rank=rank)
+
+
 def _sm90_d128(x: torch.Tensor, hadamard: bool) -> bool:
     """A rotated, CUDA sm_90 x with D = 128 contiguous columns and 16-byte aligned rows (cp.async,
     TMA)."""
@@ -375,23 +384,33 @@ def usable_q(x: torch.Tensor, lp: int, hadamard: bool) -> bool:
     return _sm90_d128(x, hadamard)
 
 
-def _launch(name: str, kernel, grid: tuple, args: tuple, consts: dict, options: dict, dtype) -> None:
+def _launch(
+    name: str, kernel, grid: tuple, args: tuple, consts: dict, options: dict, dtype, slot=None
+) -> None:
     """Launch a Gluon kernel (compile `options`: num_warps, maxnreg), built first without launching
     so that a build failure (Gluon's API and passes move between Triton releases) raises
     `specs.BuildFailure(name, why)` before anything runs; the planner records it and plans the `tl`
-    pass (`plan.record_build_failure`)."""
-    key = (name, dtype, tuple(sorted(consts.items())))
-    if key not in _built:
-        try:
-            kernel.warmup(*args, grid=grid, **consts, **options)
-        except Exception as err:  # any build error: the planner's fallback
-            raise BuildFailure(name, f"{type(err).__name__}: {err}") from err
-        _built.add(key)
-    kernel[grid](*args, **consts, **options)
+    pass (`plan.record_build_failure`). `slot`: the launch's slot in a cached plan (`launch.launch`:
+    built and launched once, then launched directly)."""
+    if slot is None or slot[1] not in slot[0]:
+        key = (name, dtype, tuple(sorted(consts.items())))
+        if key not in _built:
+            try:
+                kernel.warmup(*args, grid=grid, **consts, **options)
+            except Exception as err:  # any build error: the planner's fallback
+                raise BuildFailure(name, f"{type(err).__name__}: {err}") from err
+            _built.add(key)
+    launch(kernel, grid, args, {**consts, **options}, slot)
 
 
 def prepass_k_bf16(
-    x: torch.Tensor, out: torch.Tensor, lp: int, rot_levels: int, rot_norm: float, rule_args: dict
+    x: torch.Tensor,
+    out: torch.Tensor,
+    lp: int,
+    rot_levels: int,
+    rot_norm: float,
+    rule_args: dict,
+    slot: tuple[dict, object] | None = None,
 ) -> None:
     """Rotated K^ of x [B, H, L, 128] as bf16 into out [B, H, lp, 128]; raises `specs.BuildFailure`
     (nothing written) if this Triton cannot build the kernel."""
@@ -405,7 +424,7 @@ def prepass_k_bf16(
     grid = (min(n_tiles, per_sm * sms),)
     args = (x, out, n, h, x.stride(0) // 8, x.stride(1) // 8, x.stride(2) // 8, lp, n_tiles, tiles_per_head)
     consts = dict(BL=rows, DP=d, STAGES=STAGES, ROT_LEVELS=rot_levels, ROT_NORM=rot_norm, **rule_args)
-    _launch("k_bf16", _k_bf16_pipelined_kernel, grid, args, consts, dict(num_warps=warps), x.dtype)
+    _launch("k_bf16", _k_bf16_pipelined_kernel, grid, args, consts, dict(num_warps=warps), x.dtype, slot)
 
 
 def prepass_q_packed(
@@ -417,6 +436,7 @@ def prepass_q_packed(
     fold_e_max: int,
     rule_args: dict,
     q_mean: tuple[torch.Tensor, int] | None = None,
+    slot: tuple[dict, object] | None = None,
 ) -> None:
     """Rotated, packed Q^ of bf16 x [B, H, L, 128] into codes [B, H, lp, 64] and scales
     [B, H, lp, 4] (uint8); raises `specs.BuildFailure` (nothing written) if this Triton cannot build it.
@@ -424,12 +444,12 @@ def prepass_q_packed(
     b, h, n, _ = x.shape
     rows = 16 * Q_WARPS
     words = x.view(torch.int32).unflatten(-1, (2, 32))  # bf16 pairs, a half row per index of [2]
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=5)
+    layout = _swizzled(128, 5)
     desc = TensorDescriptor(words, list(words.shape), list(words.stride()), [1, 1, rows, 2, 32], layout)
     n_tiles = lp // rows
     per_head = max(1, min(n_tiles, -(-Q_PROGRAMS_PER_SM * sm_count(x.device) // (b * h))))
     code_words = codes.view(torch.int32)  # [B, H, lp, 16]
-    out_layout = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=32, rank=4)
+    out_layout = _swizzled(64, 4)
     codes_desc = TensorDescriptor(
         code_words, list(code_words.shape), list(code_words.stride()), [1, 1, rows, 16], out_layout
     )
@@ -443,4 +463,4 @@ def prepass_q_packed(
     args = (desc, codes_desc, scales, h, lp, n_tiles, qm, n, qm.shape[2] if block else 1)
     consts = dict(NORM=rot_norm, FOLD_E_MAX=fold_e_max, STAGES=Q_STAGES, SMOOTH=block, **rule_args)
     options = dict(num_warps=Q_WARPS, maxnreg=Q_MAXNREG)
-    _launch("q_packed", _q_packed_kernel, (per_head, b * h), args, consts, options, x.dtype)
+    _launch("q_packed", _q_packed_kernel, (per_head, b * h), args, consts, options, x.dtype, slot)

@@ -290,3 +290,28 @@ def test_prepass_qk_hands_the_q_kernel_its_arguments(recorders):
         and args[4:] == [200, 2]
         and kwargs["SMOOTH"] == 128
     )
+
+
+def test_the_gluon_passes_take_the_plans_tiles(recorders, monkeypatch):
+    """The Gluon passes' tiles and programs are picked by the planner for each chunk's heads
+    (`prepass_hopper.k_tiles` / `q_tiles`), not at launch: a launch of the plan's pass keeps them
+    whatever the device reports afterwards."""
+    from mxattention.kernels import prepass
+
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # planned as on a GPU
+    x = torch.zeros(1, 40, 512, 128, dtype=torch.bfloat16)  # cross-attention's short keys: small tiles
+    k_plan = prepass.qk_pass(x, 512, hadamard=True, out_bf16=True, elem="e2m1", smoothed=False)
+    small = prepass_hopper.SMALL_TILE_ROWS
+    assert (k_plan.kernel, k_plan.rows, k_plan.programs) == ("gluon", small, min(40 * 512 // small, 8 * 132))
+    assert (
+        prepass.qk_pass(x, 512, hadamard=True, out_bf16=True, elem="e2m1", smoothed=False, heads=2).programs
+        == 32
+    )
+    q_plan = prepass.qk_pass(x, 512, hadamard=True, out_bf16=False, elem="e2m1", smoothed=False)
+    assert q_plan.programs == min(512 // 16, -(-prepass_hopper.Q_PROGRAMS_PER_SM * 132 // 40))
+    monkeypatch.setattr(prepass_hopper, "sm_count", lambda device: 3)
+    prepass.prepass_qk(x, "uos", hadamard=True, out_bf16=True, pass_plan=k_plan)
+    prepass.prepass_qk(x, "uos", hadamard=True, pass_plan=q_plan)
+    (k_grid, *_), k_kw = recorders["k"].calls[-1][1], recorders["k"].calls[-1][2]
+    assert k_grid == (k_plan.programs,) and k_kw["BL"] == small
+    assert recorders["q"].calls[-1][1][0] == (q_plan.programs, 40)

@@ -716,7 +716,8 @@ def plan_call(
         step = -(-hk // -(-hk // (step // 2)))
     # The pass plans of a chunk's views are those of the whole tensors (the kernel choice reads
     # strides, dtype and 16-byte alignment, which a view at a whole head or batch keeps; the
-    # tiles the padded length), except V^'s warps, which follow the chunk's grid.
+    # tiles the padded length), except what follows the chunk's grid: V^'s warps, the Gluon
+    # passes' tiles and programs (`prepass_hopper.k_tiles` / `q_tiles`).
     if varlen is None:
         qx, kx, vx = query, key, value
     else:  # the [1, heads, total, D] views the varlen passes read
@@ -726,15 +727,19 @@ def plan_call(
     tiles = pass_tiles(o.prepass_tiles)
     broken = frozenset(k for k in _BUILD_FAILURES if isinstance(k, str))  # Gluon passes that did not build
     passes = dict(hadamard=cfg.hadamard, elem=qe, tiles=tiles, broken=broken)
-    q_pass = qk_pass(qx, lqp, out_bf16=False, smoothed=blk > 0, gluon=gluon_q, **passes)
-    k_pass = qk_pass(kx, lkp, out_bf16=wide, smoothed=False, **passes)
-    v_passes: dict[int, PassPlan] = {}
+    by_heads: dict[int, tuple[PassPlan, PassPlan, PassPlan]] = {}  # a chunk's passes, by its B x KV heads
     chunks = []
     for bs, hs in ranges:
         heads = (bs[1] - bs[0]) * (hs[1] - hs[0])
-        if heads not in v_passes:
-            v_passes[heads] = v_pass(vx, lvp, out_bf16=wide, elem=cfg.v.elem, heads=heads, tiles=tiles)
-        chunks.append(ChunkPlan(bs, hs, q_pass, k_pass, v_passes[heads]))
+        if heads not in by_heads:
+            by_heads[heads] = (
+                qk_pass(
+                    qx, lqp, out_bf16=False, smoothed=blk > 0, gluon=gluon_q, heads=heads * group, **passes
+                ),
+                qk_pass(kx, lkp, out_bf16=wide, smoothed=False, heads=heads, **passes),
+                v_pass(vx, lvp, out_bf16=wide, elem=cfg.v.elem, heads=heads, tiles=tiles),
+            )
+        chunks.append(ChunkPlan(bs, hs, *by_heads[heads]))
     pr = rule_constants(cfg.p.rule, cfg.p.elem)
     p_rule = (pr.ceil, pr.q_exp, pr.q_mant)
     # E4M3 P~ by the hardware cast only where it was checked equal (targets.HW_E4M3_CAST).

@@ -45,7 +45,7 @@ from mxattention.kernels.cast import bf16_pair_floats, cast_blocks, cast_packed,
 from mxattention.kernels.hadamard import hadamard_rows
 from mxattention.kernels.launch import launch
 from mxattention.kernels.rules import rule_constants
-from mxattention.kernels.specs import BuildFailure
+from mxattention.kernels.specs import BuildFailure, PassKernel
 from mxattention.rotation import rotation_block
 
 
@@ -344,15 +344,18 @@ class PassPlan:
     """One pre-pass launch: `kernel` "tl" (`prepass`) or "gluon" (`prepass_hopper`, sm_90, D 128;
     a build failure there falls back to the `tl` kernel with one warning), `layout` of the `tl`
     kernel ("rows": one row per thread, "tile", "keys": V's blocks along the keys; "" for Gluon),
-    `out` what it writes ("packed" E2M1 bytes, "e4m3" bytes, "bf16" values), `rows` per program,
-    `warps` per program, `bf16_pairs` (bf16 rows read as int32 pairs)."""
+    `out` what it writes ("packed" E2M1 bytes, "e4m3" bytes, "bf16" values), `rows` per program
+    (Gluon: per tile), `warps` per program, `bf16_pairs` (bf16 rows read as int32 pairs),
+    `programs` (Gluon: the K^ pass's grid, the Q^ pass's programs per head; `prepass_hopper.k_tiles`
+    / `q_tiles` of the launch's heads)."""
 
-    kernel: str
+    kernel: PassKernel
     layout: str
     out: str
     rows: int = 0
     warps: int = 0
     bf16_pairs: bool = False
+    programs: int = 0
 
     def __str__(self) -> str:
         if self.kernel == "gluon":
@@ -388,6 +391,7 @@ def qk_pass(
     gluon: bool = True,
     tiles: Mapping[str, tuple[int, int]] = PREPASS_TILES,
     broken: frozenset[str] = frozenset(),
+    heads: int | None = None,
 ) -> PassPlan:
     """The Q^ / K^ pass of x [B, H, L, D] padded to lp rows: the Gluon kernels where `gluon` and
     `prepass_hopper.usable` (bf16 K^, not smoothed) / `usable_q` (packed Q^, Q smoothing too) take x
@@ -395,9 +399,11 @@ def qk_pass(
     `tl` kernel, with each row in one thread except where its loads cost more than its
     instructions save (bf16 output at DP = 128) or a row is too long for one thread (DP = 256).
     `tiles`: the `tl` kernels' (rows, warps) table; `broken`: the Gluon passes ("k_bf16", "q_packed")
-    that did not build in this process (`plan.record_build_failure`)."""
+    that did not build in this process (`plan.record_build_failure`); `heads`: the launch's B x H
+    when it runs on a chunk of x (default: all of x's), which the Gluon passes' tiles follow."""
     out = "bf16" if out_bf16 else ("e4m3" if elem == "e4m3" else "packed")
     gluon = gluon and elem == "e2m1"
+    bh = x.shape[0] * x.shape[1] if heads is None else heads
     if (
         gluon
         and out_bf16
@@ -405,13 +411,21 @@ def qk_pass(
         and "k_bf16" not in broken
         and prepass_hopper.usable(x, lp, hadamard)
     ):
-        return PassPlan("gluon", "", out)
+        if not x.is_cuda:  # (a test's stand-in): the launch asks the device
+            return PassPlan(PassKernel.GLUON, "", out)
+        rows, warps, programs = prepass_hopper.k_tiles(bh, lp, x.device)
+        return PassPlan(PassKernel.GLUON, "", out, rows, warps, programs=programs)
     if gluon and not out_bf16 and "q_packed" not in broken and prepass_hopper.usable_q(x, lp, hadamard):
-        return PassPlan("gluon", "", out)
+        if not x.is_cuda:
+            return PassPlan(PassKernel.GLUON, "", out)
+        rows, warps, programs = prepass_hopper.q_tiles(bh, lp, x.device)
+        return PassPlan(PassKernel.GLUON, "", out, rows, warps, programs=programs)
     dp = padded_dim(x.shape[-1])
     row_layout = dp <= 64 or (dp <= 128 and not out_bf16)
     rows, warps = _tile("qk_rows" if row_layout else ("qk_tile" if dp <= 128 else "qk_tile_256"), lp, tiles)
-    return PassPlan("tl", "rows" if row_layout else "tile", out, rows, warps, row_layout and _bf16_pairs(x))
+    return PassPlan(
+        PassKernel.TL, "rows" if row_layout else "tile", out, rows, warps, row_layout and _bf16_pairs(x)
+    )
 
 
 def v_pass(
@@ -434,7 +448,7 @@ def v_pass(
     rows, warps = _tile(key, lp, tiles)
     if key == "v_bf16" and v.is_cuda and (lp // rows) * bh < V_SMALL_GRID_PER_SM * sm_count(v.device):
         warps = max(warps, 2)
-    return PassPlan("tl", "keys" if dp <= 128 else "tile", out, rows, warps)
+    return PassPlan(PassKernel.TL, "keys" if dp <= 128 else "tile", out, rows, warps)
 
 
 @functools.lru_cache(maxsize=16)  # a few rotation norms per process; a tensor per call costs host time
@@ -497,12 +511,13 @@ def prepass_qk(
     if not planned:
         pass_plan = _default_qk_pass(x, lp, hadamard, out_bf16, elem, q_mean is not None)
     if pass_plan.kernel == "gluon":
+        tiles = (pass_plan.rows, pass_plan.warps, pass_plan.programs) if pass_plan.programs else None
         try:
             if out_bf16:
-                prepass_hopper.prepass_k_bf16(x, codes, lp, levels, norm, _rule_args(rule))
+                prepass_hopper.prepass_k_bf16(x, codes, lp, levels, norm, _rule_args(rule), tiles, slot=slot)
                 return codes
             prepass_hopper.prepass_q_packed(
-                x, codes, scales, lp, norm, fold_e_max(norm), _rule_args(rule), q_mean
+                x, codes, scales, lp, norm, fold_e_max(norm), _rule_args(rule), q_mean, tiles, slot=slot
             )
             return codes, scales
         except BuildFailure as failure:

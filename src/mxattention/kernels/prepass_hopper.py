@@ -33,7 +33,7 @@ import functools
 
 import torch
 
-from mxattention.kernels._triton import sm_count, triton  # noqa: F401  (triton: the Gluon kernels)
+from mxattention.kernels._triton import sm_count
 from mxattention.kernels.cast import bf16_pair_floats, cast_blocks, cast_packed
 from mxattention.kernels.hadamard import hadamard_rows
 from mxattention.kernels.launch import launch
@@ -403,6 +403,23 @@ def _launch(
     launch(kernel, grid, args, {**consts, **options}, slot)
 
 
+def k_tiles(heads: int, lp: int, device: torch.device) -> tuple[int, int, int]:
+    """(rows per tile, warps, programs) of the K^ pass over `heads` (B x H) heads of lp rows on
+    `device`'s SMs: the large tiles where every program gets work, else the short-key tiles; as many programs
+    as fill the SMs (`plan.plan_call` asks it per head chunk)."""
+    sms = sm_count(device)
+    rows, warps, per_sm = TILE_ROWS, WARPS, PROGRAMS_PER_SM
+    if heads * (lp // rows) < per_sm * sms:
+        rows, warps, per_sm = SMALL_TILE_ROWS, SMALL_WARPS, SMALL_PROGRAMS_PER_SM
+    return rows, warps, min(heads * (lp // rows), per_sm * sms)
+
+
+def q_tiles(heads: int, lp: int, device: torch.device) -> tuple[int, int, int]:
+    """(rows per tile, warps, programs per head) of the Q^ pass over `heads` (B x H) heads of lp rows."""
+    rows = 16 * Q_WARPS
+    return rows, Q_WARPS, max(1, min(lp // rows, -(-Q_PROGRAMS_PER_SM * sm_count(device) // heads)))
+
+
 def prepass_k_bf16(
     x: torch.Tensor,
     out: torch.Tensor,
@@ -410,18 +427,17 @@ def prepass_k_bf16(
     rot_levels: int,
     rot_norm: float,
     rule_args: dict,
+    tiles: tuple[int, int, int] | None = None,
     slot: tuple[dict, object] | None = None,
 ) -> None:
     """Rotated K^ of x [B, H, L, 128] as bf16 into out [B, H, lp, 128]; raises `specs.BuildFailure`
-    (nothing written) if this Triton cannot build the kernel."""
+    (nothing written) if this Triton cannot build the kernel. `tiles`: the plan's `k_tiles`
+    (default: asked here)."""
     b, h, n, d = x.shape
-    sms = sm_count(x.device)
-    rows, warps, per_sm = TILE_ROWS, WARPS, PROGRAMS_PER_SM
-    if b * h * (lp // rows) < per_sm * sms:
-        rows, warps, per_sm = SMALL_TILE_ROWS, SMALL_WARPS, SMALL_PROGRAMS_PER_SM
+    rows, warps, programs = k_tiles(b * h, lp, x.device) if tiles is None else tiles
     tiles_per_head = lp // rows
     n_tiles = b * h * tiles_per_head
-    grid = (min(n_tiles, per_sm * sms),)
+    grid = (programs,)
     args = (x, out, n, h, x.stride(0) // 8, x.stride(1) // 8, x.stride(2) // 8, lp, n_tiles, tiles_per_head)
     consts = dict(BL=rows, DP=d, STAGES=STAGES, ROT_LEVELS=rot_levels, ROT_NORM=rot_norm, **rule_args)
     _launch("k_bf16", _k_bf16_pipelined_kernel, grid, args, consts, dict(num_warps=warps), x.dtype, slot)
@@ -436,18 +452,19 @@ def prepass_q_packed(
     fold_e_max: int,
     rule_args: dict,
     q_mean: tuple[torch.Tensor, int] | None = None,
+    tiles: tuple[int, int, int] | None = None,
     slot: tuple[dict, object] | None = None,
 ) -> None:
     """Rotated, packed Q^ of bf16 x [B, H, L, 128] into codes [B, H, lp, 64] and scales
     [B, H, lp, 4] (uint8); raises `specs.BuildFailure` (nothing written) if this Triton cannot build it.
-    `q_mean` = (qm [B, H, ceil(L / block), 128] fp32, block): Q smoothing, as `prepass.prepass_qk`."""
+    `q_mean` = (qm [B, H, ceil(L / block), 128] fp32, block): Q smoothing, as `prepass.prepass_qk`.
+    `tiles`: the plan's `q_tiles` (default: asked here)."""
     b, h, n, _ = x.shape
-    rows = 16 * Q_WARPS
+    rows, warps, per_head = q_tiles(b * h, lp, x.device) if tiles is None else tiles
     words = x.view(torch.int32).unflatten(-1, (2, 32))  # bf16 pairs, a half row per index of [2]
     layout = _swizzled(128, 5)
     desc = TensorDescriptor(words, list(words.shape), list(words.stride()), [1, 1, rows, 2, 32], layout)
     n_tiles = lp // rows
-    per_head = max(1, min(n_tiles, -(-Q_PROGRAMS_PER_SM * sm_count(x.device) // (b * h))))
     code_words = codes.view(torch.int32)  # [B, H, lp, 16]
     out_layout = _swizzled(64, 4)
     codes_desc = TensorDescriptor(
@@ -462,5 +479,5 @@ def prepass_q_packed(
         )
     args = (desc, codes_desc, scales, h, lp, n_tiles, qm, n, qm.shape[2] if block else 1)
     consts = dict(NORM=rot_norm, FOLD_E_MAX=fold_e_max, STAGES=Q_STAGES, SMOOTH=block, **rule_args)
-    options = dict(num_warps=Q_WARPS, maxnreg=Q_MAXNREG)
+    options = dict(num_warps=warps, maxnreg=Q_MAXNREG)
     _launch("q_packed", _q_packed_kernel, (per_head, b * h), args, consts, options, x.dtype, slot)

@@ -128,10 +128,10 @@ def _breakdown(q, k, v, method: str) -> dict:
     cfg = get_method(method)
     scale = q.shape[-1] ** -0.5
     plan = plan_call(cfg, q, k, v, scale=scale)
-    from mxattention.kernels import op as kop
+    from mxattention.kernels import plan as kplan
 
     def uncached():
-        kop._PLANS.clear()  # the public call as it was before plans were cached
+        kplan._PLANS.clear()  # the public call as it was before plans were cached
         return mxattention.scaled_dot_product_attention(q, k, v, method=method)
 
     from mxattention.kernels.prepass import prepass_qk, prepass_v
@@ -156,7 +156,11 @@ def _breakdown(q, k, v, method: str) -> dict:
         "mxattention_plan_uncached": uncached,
         "op_only": lambda: sdpa_op(q, k, v, None, False, scale, False, method),
         "plan_only": lambda: plan_call(cfg, q, k, v, scale=scale),
-        "run_plan_only": lambda: run_plan(plan, q, k, v),
+        "cached_plan_only": lambda: kplan.cached_plan(method, q, k, v, scale),
+        # A cached plan launches its compiled kernels directly (kernels/launch.py); a plan made
+        # outside the cache goes through Triton's JIT at every launch: the two rows A/B that path.
+        "run_plan_only": lambda: run_plan(kplan.cached_plan(method, q, k, v, scale), q, k, v),
+        "run_plan_jit_launch": lambda: run_plan(plan, q, k, v),
     }
 
 

@@ -236,9 +236,9 @@ def test_default_matrix_path_asks_triton(monkeypatch, reported, capability, path
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
 
-    from mxattention.kernels import _triton, attention_fwd
+    from mxattention.kernels import _triton, plan
 
-    for module in (_triton, attention_fwd):  # this session's kernels are interpreted; a GPU's are not
+    for module in (_triton, plan):  # this session's kernels are interpreted; a GPU's are not
         monkeypatch.setattr(module, "kernels_interpreted", lambda: False)
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)

@@ -1,4 +1,4 @@
-"""The op's plans are looked up by call signature (`kernels.op.cached_plan`): a cached plan is the
+"""The op's plans are looked up by call signature (`kernels.plan.cached_plan`): a cached plan is the
 plan `plan_call` makes of the call's own inputs, whatever the previous call with the same shapes
 looked like (strides, alignment, scale, mask, causality, the interpreter switch)."""
 
@@ -9,7 +9,7 @@ import torch
 
 from mxattention.attention.keys import config_from_key
 from mxattention.kernels import HAS_TRITON
-from mxattention.kernels import op as kop
+from mxattention.kernels import plan as kplan
 from mxattention.kernels.plan import CPU_KERNELS_ENV
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="plans past the device check need Triton")
@@ -17,15 +17,15 @@ BF16 = torch.bfloat16
 
 
 def _planned(method, q, k, v, scale=0.125, mask=None, is_causal=False):
-    cached = kop.cached_plan(method, q, k, v, scale, mask=mask, is_causal=is_causal)
-    fresh = kop.kernel_plan(config_from_key(method), q, k, v, scale, mask=mask, is_causal=is_causal)
+    cached = kplan.cached_plan(method, q, k, v, scale, mask=mask, is_causal=is_causal)
+    fresh = kplan.kernel_plan(config_from_key(method), q, k, v, scale, mask=mask, is_causal=is_causal)
     assert cached == fresh
     return cached
 
 
 @pytest.fixture(autouse=True)
 def _empty_cache(monkeypatch):
-    monkeypatch.setattr(kop, "_PLANS", {})
+    monkeypatch.setattr(kplan, "_PLANS", {})
     monkeypatch.setenv(CPU_KERNELS_ENV, "1")  # the full plan, for the interpreter, on CPU tensors
 
 
@@ -33,8 +33,8 @@ def test_same_signature_same_plan_object():
     q, k, v = (torch.randn(1, 2, 64, 64, dtype=BF16) for _ in range(3))
     first = _planned("mxattention", q, k, v)
     q2, k2, v2 = (torch.randn(1, 2, 64, 64, dtype=BF16) for _ in range(3))
-    assert kop.cached_plan("mxattention", q2, k2, v2, 0.125) is first
-    assert len(kop._PLANS) == 1
+    assert kplan.cached_plan("mxattention", q2, k2, v2, 0.125) is first
+    assert len(kplan._PLANS) == 1
 
 
 def test_a_call_that_plans_differently_gets_its_own_plan():
@@ -63,8 +63,8 @@ def test_the_interpreter_switch_is_part_of_the_signature(monkeypatch):
 
 
 def test_the_cache_is_bounded(monkeypatch):
-    monkeypatch.setattr(kop, "PLAN_CACHE_SIZE", 3)
+    monkeypatch.setattr(kplan, "PLAN_CACHE_SIZE", 3)
     for n in range(1, 8):
         q = torch.randn(1, 1, n, 32)
-        kop.cached_plan("mxattention", q, q, q, 0.125)
-        assert len(kop._PLANS) <= 3
+        kplan.cached_plan("mxattention", q, q, q, 0.125)
+        assert len(kplan._PLANS) <= 3

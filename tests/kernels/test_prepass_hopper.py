@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from mxattention.kernels import prepass_hopper, targets
+from mxattention.kernels._triton import kernels_interpreted
 
 from .helpers import once_per_run
 
@@ -155,9 +156,17 @@ def test_usable_only_for_cuda_bf16_d128():
             )
 
 
-def test_build_failure_falls_back_once(monkeypatch):
-    """A Triton whose Gluon cannot build the kernel: one warning naming the error, nothing launched,
-    False returned (prepass_qk then runs the tl kernel), and no second attempt."""
+@pytest.mark.skipif(
+    not kernels_interpreted(), reason="runs the passes on CPU tensors: needs Triton's interpreter"
+)
+def test_build_failure_raises_from_the_launcher_and_is_recorded_once_by_the_planner(monkeypatch):
+    """A Triton whose Gluon cannot build the Q^ kernel: the launcher raises `BuildFailure` before
+    anything runs and records nothing; the planner's caller (`fused.run_plan`) records it once, with
+    one warning naming the error, and runs the plan made again, whose Q^ pass is the tl kernel (the
+    same O as a plan that never asked for Gluon); the next call's cached plan never asks again."""
+    from mxattention.attention.config import get_method
+    from mxattention.kernels import fused, plan
+    from mxattention.kernels.specs import BuildFailure
 
     class Unbuildable:
         builds = 0
@@ -169,23 +178,33 @@ def test_build_failure_falls_back_once(monkeypatch):
         def __getitem__(self, grid):
             raise AssertionError("launched after a failed build")
 
-    monkeypatch.setattr(prepass_hopper, "_k_bf16_pipelined_kernel", Unbuildable())
+    monkeypatch.setattr(prepass_hopper, "_q_packed_kernel", Unbuildable())
     monkeypatch.setattr(prepass_hopper, "sm_count", lambda device: 132)
-    monkeypatch.setattr(prepass_hopper, "_broken", {})
     monkeypatch.setattr(prepass_hopper, "_built", set())
-    x = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
-    out = torch.empty(1, 2, 256, 128, dtype=torch.bfloat16)
+    monkeypatch.setattr(plan, "_BUILD_FAILURES", {})
+    monkeypatch.setattr(plan, "_PLANS", {})
+    monkeypatch.setenv("MXATTENTION_CPU_KERNELS", "1")
+    q, k, v = (torch.randn(1, 1, 32, 128).to(torch.bfloat16) for _ in range(3))
+    ref = fused.fused_attention(q, k, v, get_method("mxattention"), scale=0.1)  # the tl passes
+    codes = torch.empty(1, 1, 128, 64, dtype=torch.uint8)
+    scales = torch.empty(1, 1, 128, 4, dtype=torch.uint8)
+    rule = {"CEIL": True, "Q_EXP": 2, "Q_MANT": 0}
+    with pytest.raises(BuildFailure, match="PassManager::run failed") as failure:
+        prepass_hopper.prepass_q_packed(q, codes, scales, 128, 128**-0.5, 122, rule)
+    assert failure.value.what == "q_packed" and not plan._BUILD_FAILURES and Unbuildable.builds == 1
+    monkeypatch.setattr(prepass_hopper, "usable_q", lambda *a, **k: True)  # as on an sm_90 GPU
+    first = plan.cached_plan("mxattention", q, k, v, 0.1)
+    assert first.chunks[0].q_pass.kernel == first.chunks[0].k_pass.kernel == "gluon"
     with pytest.warns(RuntimeWarning, match="PassManager::run failed"):
-        assert not prepass_hopper.prepass_k_bf16(
-            x, out, 256, 7, 128**-0.5, {"CEIL": True, "Q_EXP": 2, "Q_MANT": 0}
-        )
-    assert list(prepass_hopper._broken) == ["k_bf16"] and Unbuildable.builds == 1
-    # usable() now says no, so prepass_qk never asks again in this process; the Q^ kernel is
-    # another build and is still tried.
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
-    monkeypatch.setattr(prepass_hopper, "current_target", lambda device: targets.SM_90A)
-    assert not prepass_hopper.usable(x, 256, hadamard=True)
-    assert prepass_hopper.usable_q(x, 256, hadamard=True)
+        out = fused.run_plan(first, q, k, v)
+    assert list(plan._BUILD_FAILURES) == ["q_packed"] and Unbuildable.builds == 2
+    assert torch.equal(out.out, ref.out) and torch.equal(out.lse, ref.lse)
+    again = plan.cached_plan("mxattention", q, k, v, 0.1)
+    assert (
+        again.chunks[0].q_pass.kernel == again.chunks[0].k_pass.kernel == "tl"
+    )  # (packed K^: the same kernel)
+    fused.run_plan(again, q, k, v)
+    assert Unbuildable.builds == 2
 
 
 class _Recorder:
@@ -275,3 +294,28 @@ def test_prepass_qk_hands_the_q_kernel_its_arguments(recorders):
         and args[4:] == [200, 2]
         and kwargs["SMOOTH"] == 128
     )
+
+
+def test_the_gluon_passes_take_the_plans_tiles(recorders, monkeypatch):
+    """The Gluon passes' tiles and programs are picked by the planner for each chunk's heads
+    (`prepass_hopper.k_tiles` / `q_tiles`), not at launch: a launch of the plan's pass keeps them
+    whatever the device reports afterwards."""
+    from mxattention.kernels import prepass
+
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # planned as on a GPU
+    x = torch.zeros(1, 40, 512, 128, dtype=torch.bfloat16)  # cross-attention's short keys: small tiles
+    k_plan = prepass.qk_pass(x, 512, hadamard=True, out_bf16=True, elem="e2m1", smoothed=False)
+    small = prepass_hopper.SMALL_TILE_ROWS
+    assert (k_plan.kernel, k_plan.rows, k_plan.programs) == ("gluon", small, min(40 * 512 // small, 8 * 132))
+    assert (
+        prepass.qk_pass(x, 512, hadamard=True, out_bf16=True, elem="e2m1", smoothed=False, heads=2).programs
+        == 32
+    )
+    q_plan = prepass.qk_pass(x, 512, hadamard=True, out_bf16=False, elem="e2m1", smoothed=False)
+    assert q_plan.programs == min(512 // 16, -(-prepass_hopper.Q_PROGRAMS_PER_SM * 132 // 40))
+    monkeypatch.setattr(prepass_hopper, "sm_count", lambda device: 3)
+    prepass.prepass_qk(x, "uos", hadamard=True, out_bf16=True, pass_plan=k_plan)
+    prepass.prepass_qk(x, "uos", hadamard=True, pass_plan=q_plan)
+    (k_grid, *_), k_kw = recorders["k"].calls[-1][1], recorders["k"].calls[-1][2]
+    assert k_grid == (k_plan.programs,) and k_kw["BL"] == small
+    assert recorders["q"].calls[-1][1][0] == (q_plan.programs, 40)

@@ -14,8 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from mxattention.attention.config import get_method
-from mxattention.kernels.op import kernel_plan
-from mxattention.kernels.plan import KernelPlan
+from mxattention.kernels.plan import KernelPlan, kernel_plan
 from mxattention.ops import scaled_dot_product_attention
 
 
@@ -74,7 +73,7 @@ def plan_methods(
     device: str | None = None,
     dtype: torch.dtype = torch.bfloat16,
 ) -> list[KernelPlan]:
-    """The kernel plan (`kernels.op.kernel_plan`, what `scaled_dot_product_attention` executes) of
+    """The kernel plan (`kernels.plan.kernel_plan`, what `scaled_dot_product_attention` executes) of
     each method on [B, H, L, D] `shape` inputs on `device` (uninitialized tensors: a plan reads shapes,
     strides and the device, not values)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

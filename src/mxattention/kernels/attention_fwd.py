@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mxattention.kernels._triton import kernels_interpreted, tl, triton
+from mxattention.kernels._triton import tl, triton
 from mxattention.kernels.cast import (
     block_scale,
     dequant_mx,
@@ -57,9 +57,9 @@ from mxattention.kernels.cast import (
     inv_exp2,
     pack_nibbles,
 )
+from mxattention.kernels.launch import launch
 from mxattention.kernels.prepass import varlen_v_start
-from mxattention.kernels.rules import KERNEL_ELEMS
-from mxattention.kernels.targets import MATRIX_PATHS
+from mxattention.kernels.specs import BuildFailure, FwdKernel, FwdSpec
 
 LOG2E = 1.0 / math.log(2.0)
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
@@ -436,7 +436,8 @@ def _mx_attention_fwd_kernel(
 
 @dataclass(frozen=True)
 class FwdCall:
-    """One launch of the kernel: grid, positional arguments, constexprs and compile options."""
+    """One launch of the kernel: grid, positional arguments, constexprs and compile options (`spec`:
+    the plan's launch spec they come from)."""
 
     grid: tuple[int, ...]
     args: tuple
@@ -444,15 +445,39 @@ class FwdCall:
     num_warps: int
     num_stages: int
     options: tuple[tuple[str, int], ...] = ()
+    spec: FwdSpec | None = None
 
 
-def mx_attention_fwd(q_packed, k_packed, v_packed, **kwargs) -> torch.Tensor:
-    """Run the attention kernel on pre-pass outputs (the arguments of `fwd_calls`); writes `out`
-    [B, Hq, Lq, Dv], returns lse [B, Hq, Lq]."""
-    lse, calls = fwd_calls(q_packed, k_packed, v_packed, **kwargs)
-    for call in calls:
-        _launch(call, q_packed[0].device)
-    return lse
+def mx_attention_fwd(
+    q_packed,
+    k_packed,
+    v_packed,
+    *,
+    spec: FwdSpec | None = None,
+    slot: tuple[dict, object] | None = None,
+    **kwargs,
+) -> torch.Tensor:
+    """Run the attention kernel on pre-pass outputs; writes `out` [B, Hq, Lq, Dv], returns lse
+    [B, Hq, Lq]. With `spec` (a plan's `KernelPlan.fwd`) the keyword arguments are `fwd_launches`'s
+    (tensors and their lengths; a build past shared memory raises `specs.BuildFailure` for the
+    plan's caller); without, `fwd_calls`'s (the spec is planned from them, and a build past shared
+    memory is recorded by the planner and planned again with one stage fewer). `slot`: the launch's
+    slot in a cached plan (`launch.launch`)."""
+    from mxattention.kernels.plan import record_build_failure
+
+    while True:
+        if spec is None:
+            lse, calls = fwd_calls(q_packed, k_packed, v_packed, **kwargs)
+        else:
+            lse, calls = fwd_launches(spec, q_packed, k_packed, v_packed, **kwargs)
+        try:
+            for i, call in enumerate(calls):
+                _launch(call, q_packed[0].device, None if slot is None else (slot[0], (slot[1], i)))
+            return lse
+        except BuildFailure as failure:
+            if spec is not None:  # a plan's spec: its caller (`fused.run_plan`) plans again
+                raise
+            record_build_failure(failure)  # fwd_calls plans one stage fewer (`plan.fitted`)
 
 
 def fwd_calls(
@@ -507,33 +532,83 @@ def fwd_calls(
     returned lse [1, Hq, total_q]; Q^ / K^ are in token order, V^ in the `prepass.varlen_v_start`
     layout (`prepass_v(..., varlen=...)`). One launch per GRID_Z_MAX sequences.
     """
+    from mxattention.kernels.plan import tl_fwd_spec
+
+    kv_bf16 = isinstance(k_packed, torch.Tensor)
+    spec = tl_fwd_spec(
+        block_m=block_m,
+        block_n=block_n,
+        dq=q_packed[0].shape[3] * (1 if qk_elem == "e4m3" else 2),
+        dvp=v_packed.shape[3] if kv_bf16 else v_packed[0].shape[2],
+        p_rule=p_rule,
+        pnq=pnq,
+        matrix_path=matrix_path,
+        kv_bf16=kv_bf16,
+        out_dtype=out.dtype,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        compile_options=compile_options,
+        is_causal=is_causal,
+        mask_dtype=None if mask is None else mask.dtype,
+        debug_p=debug_p is not None,
+        varlen=varlen is not None,
+        p_elem=p_elem,
+        v_elem=v_elem,
+        qk_elem=qk_elem,
+        p_cvt=p_cvt,
+        smooth_q_block=0 if smooth_q is None else smooth_q[1],
+    )
+    kw = dict(lq=lq, lk=lk, dv=dv, group=group, out=out, scale=scale, mask=mask, debug_p=debug_p)
+    return fwd_launches(spec, q_packed, k_packed, v_packed, **kw, varlen=varlen, smooth_q=smooth_q)
+
+
+def fwd_launches(
+    spec: FwdSpec,
+    q_packed: tuple[torch.Tensor, torch.Tensor],
+    k_packed: tuple[torch.Tensor, torch.Tensor] | torch.Tensor,
+    v_packed: tuple[torch.Tensor, torch.Tensor] | torch.Tensor,
+    *,
+    lq: int,
+    lk: int,
+    dv: int,
+    group: int,
+    out: torch.Tensor,
+    scale: float,
+    mask: torch.Tensor | None = None,
+    debug_p: torch.Tensor | None = None,
+    varlen: tuple[torch.Tensor, torch.Tensor, int] | None = None,
+    smooth_q: tuple[torch.Tensor, int] | None = None,
+    lse: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, list[FwdCall]]:
+    """(lse, the launches) of `spec` (`plan.tl_fwd_spec`) on these tensors (see `fwd_calls`): reads
+    the spec and the tensors, nothing else. `lse`: a contiguous fp32 [B, Hq, Lq] to write (default
+    a new one)."""
+    c = spec.constants
+    block_m, block_n, v_elem = c["BM"], c["BN"], c["V_ELEM"]
     qc, qs = q_packed
     kv_bf16 = isinstance(k_packed, torch.Tensor)
     if kv_bf16:
         kx, vx = k_packed, v_packed
         kc = ks = vc = vs = kx
-        lkp, lvp, dvp = kx.shape[2], vx.shape[2], vx.shape[3]
+        lkp, lvp = kx.shape[2], vx.shape[2]
     else:
         (kc, ks), (vc, vs) = k_packed, v_packed
         kx = vx = qc
-        lkp, lvp, dvp = kc.shape[2], vc.shape[3] * (1 if v_elem == "e4m3" else 2), vc.shape[2]
-    bsz, hq, lqp, dq2 = qc.shape
-    # Preconditions (the arguments come from a `plan.KernelPlan`, whose options plan_call checked;
-    # the inputs from attention.inputs / attention.varlen): asserted, not re-checked for the user.
-    path = matrix_path
-    assert path in MATRIX_PATHS and not (kv_bf16 and path != "bf16"), (path, kv_bf16)
-    assert all(e in KERNEL_ELEMS for e in (p_elem, v_elem, qk_elem)), (p_elem, v_elem, qk_elem)
+        lkp, lvp = kc.shape[2], vc.shape[3] * (1 if v_elem == "e4m3" else 2)
+    bsz, hq, lqp, _ = qc.shape
+    # Preconditions (the spec comes from a `plan.KernelPlan`, whose options plan_call checked; the
+    # inputs from attention.inputs / attention.varlen): asserted, not re-checked for the user.
+    assert spec.kernel is FwdKernel.TL and kv_bf16 == c["KV_BF16"], (spec.kernel, kv_bf16)
     assert varlen is not None or not (lqp % block_m or lkp % block_n), (lqp, lkp, block_m, block_n)
     assert varlen is None or (mask is None and debug_p is None and bsz == 1 and smooth_q is None)
-    assert smooth_q is None or smooth_q[1] % block_m == 0, (smooth_q[1], block_m)
-    lse = torch.empty((bsz, hq, lq), dtype=torch.float32, device=qc.device)
+    assert (mask is None) == (c["MASK_MODE"] == MASK_NONE) and (debug_p is not None) == c["DEBUG_P"]
+    assert (0 if smooth_q is None else smooth_q[1]) == c["SMOOTH_Q_BLOCK"]
+    if lse is None:
+        lse = torch.empty((bsz, hq, lq), dtype=torch.float32, device=qc.device)
     if mask is None:
-        mask_mode, mask_arg, mstrides = MASK_NONE, qc, (0, 0, 0, 0)
-    elif mask.dtype == torch.bool:
-        mask_mode, mask_arg, mstrides = MASK_BOOL, mask.view(torch.uint8), mask.stride()
+        mask_arg, mstrides = qc, (0, 0, 0, 0)
     else:
-        mask_mode, mask_arg, mstrides = MASK_ADD, mask, mask.stride()
-    ceil, q_exp, q_mant = p_rule
+        mask_arg, mstrides = (mask.view(torch.uint8) if mask.dtype == torch.bool else mask), mask.stride()
     cu_q, cu_k, max_q = varlen if varlen is not None else (lse, lse, 0)
     head = (
         qc,
@@ -562,69 +637,34 @@ def fwd_calls(
         lse if smooth_q is None else smooth_q[0],
     )
     tail = (*mstrides, *out.stride())  # SEQ0, the first sequence of a launch, goes between
-    constants = dict(
-        BM=block_m,
-        BN=block_n,
-        DQ=dq2 if qk_elem == "e4m3" else dq2 * 2,
-        DV=dvp,
-        CAUSAL=is_causal,
-        MASK_MODE=mask_mode,
-        PNQ=pnq,
-        CEIL=ceil,
-        Q_EXP=q_exp,
-        Q_MANT=q_mant,
-        DOT_SCALED=path == "dot_scaled",
-        DEBUG_P=debug_p is not None,
-        DOT_T=tl.float32 if kernels_interpreted() else tl.bfloat16,
-        KV_BF16=kv_bf16,
-        OUT_MAX=torch.finfo(out.dtype).max if out.dtype in (torch.float16, torch.bfloat16) else 0.0,
-        VARLEN=varlen is not None,
-        P_ELEM=p_elem,
-        V_ELEM=v_elem,
-        P_CVT=p_cvt,
-        QK_ELEM=qk_elem,
-        SMOOTH_Q_BLOCK=0 if smooth_q is None else smooth_q[1],
-        # The interpreter's exp2 keeps subnormals; NVIDIA's flushes them (`cast.exp2_ftz`).
-        EXP_FLUSH=kernels_interpreted(),
-    )
-    opts = tuple(compile_options)
+    constants, warps, stages, opts = c, spec.num_warps, spec.num_stages, spec.options
     if varlen is None:
         return lse, [
-            FwdCall((lqp // block_m, bsz * hq), (*head, 0, *tail), constants, num_warps, num_stages, opts)
+            FwdCall((lqp // block_m, bsz * hq), (*head, 0, *tail), constants, warps, stages, opts, spec)
         ]
     num_seqs = cu_q.numel() - 1
     calls = []
     for seq0 in range(0, num_seqs, GRID_Z_MAX):
         grid = (-(-max_q // block_m), hq, min(GRID_Z_MAX, num_seqs - seq0))
-        calls.append(FwdCall(grid, (*head, seq0, *tail), constants, num_warps, num_stages, opts))
+        calls.append(FwdCall(grid, (*head, seq0, *tail), constants, warps, stages, opts, spec))
     return lse, calls
 
 
-_STAGES: dict[tuple, int] = {}
-
-
-def _launch(call: FwdCall, device: torch.device) -> None:
-    """Launch, stepping num_stages down while the compiled kernel overflows shared memory."""
+def _launch(call: FwdCall, device: torch.device, slot: tuple[dict, object] | None = None) -> None:
+    """Launch `call` as its spec says. A build that overflows shared memory raises
+    `specs.BuildFailure(spec)` (stages > 1): the planner records it and plans one stage fewer
+    (`plan.fitted`); nothing here remembers it."""
     from triton.runtime.errors import OutOfResources
 
-    constants, num_warps, num_stages = call.constants, call.num_warps, call.num_stages
-    key = (tuple(sorted((k, str(v)) for k, v in constants.items())), num_warps, num_stages, call.options)
-    key += (str(device),)
-    stages = _STAGES.get(key, num_stages)
-    while True:
-        try:
-            _mx_attention_fwd_kernel[call.grid](
-                *call.args,
-                **constants,
-                **dict(call.options),
-                num_warps=num_warps,
-                num_stages=stages,
-                enable_fp_fusion=False,
-            )
-        except OutOfResources:
-            if stages <= 1:
-                raise
-            stages -= 1
-            continue
-        _STAGES[key] = stages
-        return
+    spec = call.spec
+    kw = (
+        spec.launch_kwargs
+        if call.num_stages == spec.num_stages
+        else {**spec.launch_kwargs, "num_stages": call.num_stages}
+    )
+    try:
+        launch(_mx_attention_fwd_kernel, call.grid, call.args, kw, slot)
+    except OutOfResources as err:
+        if call.num_stages <= 1:
+            raise
+        raise BuildFailure(spec, f"{type(err).__name__}: {err}") from err

@@ -31,6 +31,7 @@ Structure (one CTA per 128 query rows of one (batch, head)):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -39,7 +40,9 @@ import torch
 from mxattention.kernels import targets
 from mxattention.kernels._triton import HAS_TRITON, tl, triton
 from mxattention.kernels.cast import block_scale, elem_round
+from mxattention.kernels.launch import launch
 from mxattention.kernels.rules import KERNEL_ELEMS
+from mxattention.kernels.specs import FwdSpec
 from mxattention.kernels.targets import Target, current_target, hw_e4m3_cast
 
 try:
@@ -70,6 +73,7 @@ BLOCK_M = 128  # query rows per CTA: two consumers of 64
 BLOCK_N = 128  # keys per tile (cfg.block_n must be this)
 # K^ / V^ ring stages, registers per consumer / producer thread (setmaxnreg), consumer pipelining.
 STAGES, CONSUMER_REGS, PRODUCER_REGS, OVERLAP, PINGPONG = 2, 240, 24, True, False
+NUM_WARPS = 4  # the default partition's (consumer 0's) warps
 # The producer that writes the correction's parts holds the next tile's keys too (`_corr_row`): 24
 # registers spill there with Triton 3.9; 4 warps x 32 more fit beside two 240-register consumers.
 PRODUCER_REGS_CORR = 32
@@ -591,26 +595,37 @@ class GluonFwdCall:
     args: tuple
     constants: dict
     num_warps: int = 4
+    spec: FwdSpec | None = None
 
 
-def _out_desc(out: torch.Tensor) -> TensorDescriptor | None:
-    """A [B, Hq, Lq, 128] TMA descriptor over out's own strides, boxes of one consumer's [1, 1, 64,
-    128], where TMA can write out (2-byte dtype, unit last stride, 16-byte aligned base and strides)
-    and `OUT_TMA` is on; else None (the kernel's gl.store)."""
-    ok = (
-        OUT_TMA
-        and out.dtype in (torch.bfloat16, torch.float16)
+@functools.cache
+def _shared_layout(shape: tuple[int, ...], dtype) -> object:
+    """The default NVMMA shared layout of a TMA box (built once per box and dtype, not per call)."""
+    return gl.NVMMASharedLayout.get_default_for(list(shape), dtype)
+
+
+@functools.cache
+def _row_layout() -> object:
+    """Q smoothing's correction rows: one row of keys per tile, no swizzle (a flat [BN] vector)."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
+def out_tma_ok(out: torch.Tensor) -> bool:
+    """Whether TMA can write out [B, Hq, Lq, 128]: a 2-byte dtype, unit last stride, 16-byte aligned
+    base and strides (the planner's `o_tma` of a call, with `OUT_TMA`)."""
+    return (
+        out.dtype in (torch.bfloat16, torch.float16)
         and out.stride(-1) == 1
         and out.data_ptr() % 16 == 0
         and all(st % 8 == 0 for st in out.stride()[:-1])
     )
-    if not ok:
-        return None
+
+
+def _out_desc(out: torch.Tensor) -> TensorDescriptor:
+    """A [B, Hq, Lq, 128] TMA descriptor over out's own strides, boxes of one consumer's [1, 1, 64, 128]."""
     dt = gl.bfloat16 if out.dtype == torch.bfloat16 else gl.float16
     box = [1, 1, BLOCK_M // 2, HEAD_DIM]
-    return TensorDescriptor(
-        out, list(out.shape), list(out.stride()), box, gl.NVMMASharedLayout.get_default_for(box, dt)
-    )
+    return TensorDescriptor(out, list(out.shape), list(out.stride()), box, _shared_layout(tuple(box), dt))
 
 
 def gluon_fwd_call(
@@ -642,7 +657,7 @@ def gluon_fwd_call(
     correction (`smoothing.smoothing_correction`), block a multiple of 128. p_cvt None: the hardware E4M3 cast where `targets.HW_E4M3_CAST` lists the target;
     stages / overlap / pingpong None: the module's STAGES / OVERLAP / PINGPONG (experiments pass
     others; PINGPONG needs OVERLAP)."""
-    qc, qs = q_packed
+    qc = q_packed[0]
     bsz, hq, lqp, _ = qc.shape
     hk, lkp = kx.shape[1], kx.shape[2]
     if lqp % BLOCK_M or lkp % BLOCK_N or kx.shape[3] != HEAD_DIM or tuple(vx.shape) != tuple(kx.shape):
@@ -664,6 +679,39 @@ def gluon_fwd_call(
         raise ValueError(
             f"K^ rows B x Hkv x LKP = {bsz * hk * lkp} must be in [1, 2**31) (TMA's int32 row coordinate)"
         )
+    from mxattention.kernels.plan import gluon_fwd_spec
+
+    if p_cvt is None:
+        p_cvt = p_elem == "e4m3" and hw_e4m3_cast(current_target(qc.device))
+    spec = gluon_fwd_spec(
+        p_rule=p_rule, pnq=pnq, out_dtype=out.dtype, o_tma=OUT_TMA and out_tma_ok(out), p_elem=p_elem,
+        qk_elem=qk_elem, p_cvt=p_cvt, smooth_q_block=0 if smooth_q is None else smooth_q[1], stages=stages,
+        corr_mma=corr_mma, overlap=overlap, pingpong=pingpong,
+    )  # fmt: skip
+    return gluon_launch(spec, q_packed, kx, vx, lq=lq, lk=lk, group=group, out=out, scale=scale, lse=lse,
+                        smooth_q=smooth_q)  # fmt: skip
+
+
+def gluon_launch(
+    spec: FwdSpec,
+    q_packed: tuple[torch.Tensor, torch.Tensor],
+    kx: torch.Tensor,
+    vx: torch.Tensor,
+    *,
+    lq: int,
+    lk: int,
+    group: int,
+    out: torch.Tensor,
+    scale: float,
+    lse: torch.Tensor | None = None,
+    smooth_q: tuple[torch.Tensor, int] | None = None,
+) -> tuple[torch.Tensor, GluonFwdCall]:
+    """(lse, the launch) of `spec` (`plan.gluon_fwd_spec`) on these tensors (see `gluon_fwd_call`):
+    reads the spec and the tensors, nothing else."""
+    c = spec.constants
+    qc, qs = q_packed
+    bsz, hq, lqp, _ = qc.shape
+    hk, lkp = kx.shape[1], kx.shape[2]
     c_desc, nbq, blk = None, 1, 0
     if smooth_q is not None:
         corr, blk = smooth_q
@@ -680,61 +728,34 @@ def gluon_fwd_call(
                 f"[B, Hq, ceil(Lq / block), LKP] = {[bsz, hq, nbq, lkp]} expected, got block {blk}, corr "
                 f"{tuple(corr.shape)} {corr.dtype}"
             )
-        n_stages = STAGES if stages is None else stages
-        # The parts ring (4 KiB a stage) does not fit beside 3 K^ / V^ stages (242 KB of shared
-        # memory, the H200 has 227 KiB): there the row is loaded (231 KB).
-        if corr_mma is None:
-            corr_mma = CORR_MMA and n_stages <= 2
-        elif corr_mma and n_stages > 2:
-            raise ValueError(f"corr_mma=True takes at most 2 stages (shared memory), got stages={n_stages}")
-        if corr_mma:  # the producer reads the rows itself
+        if c["CORR_MMA"]:  # the producer reads the rows itself
             c_desc = corr
         else:  # one row of keys per tile, no swizzle: the consumers read it back as a flat [BN] vector
-            c_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
             c2 = corr.view(bsz * hq * nbq, lkp)
-            c_desc = TensorDescriptor(c2, list(c2.shape), list(c2.stride()), [1, BLOCK_N], c_layout)
+            c_desc = TensorDescriptor(c2, list(c2.shape), list(c2.stride()), [1, BLOCK_N], _row_layout())
+    assert blk == c["SMOOTH_Q_BLOCK"], (blk, c["SMOOTH_Q_BLOCK"])
     if lse is None:
         lse = torch.empty((bsz, hq, lq), dtype=torch.float32, device=qc.device)
-    layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], gl.bfloat16)
+    layout = _shared_layout((BLOCK_N, HEAD_DIM), gl.bfloat16)
     k2, v2 = kx.view(bsz * hk * lkp, HEAD_DIM), vx.view(bsz * hk * lkp, HEAD_DIM)
     k_desc = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [BLOCK_N, HEAD_DIM], layout)
     v_desc = TensorDescriptor(v2, list(v2.shape), list(v2.stride()), [BLOCK_N, HEAD_DIM], layout)
-    ceil, q_exp, q_mant = p_rule
-    producer_parts = bool(blk and corr_mma)  # the producer writes the correction's parts (SMOOTH 2)
-    if p_cvt is None:
-        p_cvt = p_elem == "e4m3" and hw_e4m3_cast(current_target(qc.device))
-    constants = dict(
-        DQ=HEAD_DIM,
-        PNQ=pnq,
-        CEIL=ceil,
-        Q_EXP=q_exp,
-        Q_MANT=q_mant,
-        P_ELEM=p_elem,
-        P_CVT=bool(p_cvt and p_elem == "e4m3"),
-        QK_ELEM=qk_elem,
-        OUT_MAX=torch.finfo(out.dtype).max if out.dtype in (torch.float16, torch.bfloat16) else 0.0,
-        STAGES=STAGES if stages is None else stages,
-        OVERLAP=OVERLAP if overlap is None else overlap,
-        PINGPONG=PINGPONG if pingpong is None else pingpong,
-        CONSUMER_REGS=CONSUMER_REGS,
-        PRODUCER_REGS=PRODUCER_REGS_CORR if producer_parts else PRODUCER_REGS,
-        SMOOTH_Q_BLOCK=blk,
-        CORR_MMA=producer_parts,
-    )
-    o_desc = _out_desc(out)
-    constants["O_TMA"] = o_desc is not None
+    o_desc = _out_desc(out) if c["O_TMA"] else None
     args = (qc, qs, k_desc, v_desc, c_desc, out, o_desc, lse, scale * LOG2E, lq, lk, hq, group, lqp, lkp, nbq,
             *out.stride())  # fmt: skip
-    return lse, GluonFwdCall((lqp // BLOCK_M, bsz * hq), args, constants)
+    return lse, GluonFwdCall((lqp // BLOCK_M, bsz * hq), args, c, spec.num_warps, spec)
 
 
 def mx_attention_fwd_hopper(
     q_packed: tuple[torch.Tensor, torch.Tensor], kx: torch.Tensor, vx: torch.Tensor, **kwargs: object
 ) -> torch.Tensor:
-    """Run the Gluon kernel on pre-pass outputs (the arguments of `gluon_fwd_call`); writes `out`,
-    returns lse [B, Hq, Lq]."""
-    lse, call = gluon_fwd_call(q_packed, kx, vx, **kwargs)
-    _mx_attention_fwd_hopper_kernel[call.grid](
-        *call.args, **call.constants, num_warps=call.num_warps, enable_fp_fusion=False
-    )
+    """Run the Gluon kernel on pre-pass outputs (the arguments of `gluon_fwd_call`, or with `spec` a
+    plan's `KernelPlan.fwd` those of `gluon_launch`, and `slot` its slot in a cached plan,
+    `launch.launch`); writes `out`, returns lse [B, Hq, Lq]."""
+    spec, slot = kwargs.pop("spec", None), kwargs.pop("slot", None)
+    if spec is None:
+        lse, call = gluon_fwd_call(q_packed, kx, vx, **kwargs)
+    else:
+        lse, call = gluon_launch(spec, q_packed, kx, vx, **kwargs)
+    launch(_mx_attention_fwd_hopper_kernel, call.grid, call.args, call.spec.launch_kwargs, slot)
     return lse

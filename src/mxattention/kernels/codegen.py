@@ -1,8 +1,9 @@
 """The attention kernel built offline for any GPU target, and what its assembly holds.
 
-Exposes `Case` (the call shape a build stands for), `build(target, case)` (the launch the runtime
-would make for it on that target: `attention_fwd.fwd_calls` with `fused.launch_config`'s tiles,
-compiled by Triton's bundled toolchain: no GPU needed) and `Summary` / `summarize(target, case)`
+Exposes `Case` (the call shape a build stands for), `plan_for` / `launch_for(target, case)` (the
+planner's plan and launch of the case on that target: `plan.plan_call` with an explicit target and
+`specs.PlanOverrides`), `build(target, case)` (that launch compiled by Triton's bundled toolchain:
+no GPU needed) and `Summary` / `summarize(target, case)`
 (block-scaled MMA instructions, per loop iteration and in all, signs of an E2M1 decode on the
 operand path, registers, spills, shared memory, divides in the loops, compile time).
 Also `parse_spec` (a build named "sm_120a/d128/causal"), `toolchain_missing`
@@ -93,44 +94,72 @@ class Summary:
         return bool(self.mma) and not self.other_mma and self.decode_ops == 0
 
 
+def plan_for(target: Target, case: Case = Case()):
+    """The `plan.KernelPlan` of `case` on `target`, asked of the planner (`plan.plan_call` with that
+    target and the case's forward kernel, matrix path and Gluon stages as `specs.PlanOverrides`):
+    the launch `fused_attention` would make there."""
+    from mxattention.kernels.plan import plan_call
+    from mxattention.kernels.specs import PlanOverrides
+
+    x = torch.empty(1, case.heads, case.seq, case.head_dim, dtype=torch.bfloat16)
+    overrides = PlanOverrides(matrix_path=case.matrix_path, fwd_kernel=case.kernel, gluon_stages=case.stages)
+    plan = plan_call(
+        get_method(case.method), x, x, x, scale=case.head_dim**-0.5, is_causal=case.causal,
+        overrides=overrides, target=target,
+    )  # fmt: skip
+    if not plan.runs:
+        raise ValueError(f"the kernels do not serve {case.label} on {target.name}: {plan.refusal}")
+    return plan
+
+
+def _operands(plan, case: Case):
+    """Pre-pass outputs shaped as `plan` pads them (values are never read): Q^, K^, V^ (bf16 or packed)."""
+    h, dp, lqp, lkp, u8 = case.heads, plan.fwd["DQ"], plan.lq_pad, plan.lk_pad, torch.uint8
+    qk_bytes = dp if plan.qk_elem == "e4m3" else dp // 2  # MXFP8 Q^ / K^: one code byte per element
+    q = (torch.empty(1, h, lqp, qk_bytes, dtype=u8), torch.empty(1, h, lqp, dp // 32, dtype=u8))
+    if plan.kv_layout == "bf16":
+        return (
+            q,
+            torch.empty(1, h, lkp, dp, dtype=torch.bfloat16),
+            torch.empty(1, h, lkp, dp, dtype=torch.bfloat16),
+        )
+    k = (torch.empty(1, h, lkp, qk_bytes, dtype=u8), torch.empty(1, h, lkp, dp // 32, dtype=u8))
+    v_bytes = lkp if plan.v_elem == "e4m3" else lkp // 2  # MXFP8 V^: one code byte per key
+    return q, k, (torch.empty(1, h, dp, v_bytes, dtype=u8), torch.empty(1, h, dp, lkp // 32, dtype=u8))
+
+
+def _smooth(plan, case: Case):
+    """Q smoothing's correction operand as the plan's call passes it, else None."""
+    blk = plan.smooth_q_block
+    return (torch.empty(1, case.heads, -(-case.seq // blk), plan.lk_pad), blk) if blk else None
+
+
+def launch_for(target: Target, case: Case = Case()):
+    """(plan, `FwdCall`) of the attention kernel for `case` on `target`: the planner's spec
+    (`plan_for`) on pre-pass-shaped operands, no build."""
+    from mxattention.kernels import attention_fwd as fwd
+
+    plan = plan_for(target, replace(case, kernel="tl"))
+    q, k, v = _operands(plan, case)
+    n, d = case.seq, case.head_dim
+    out = torch.empty(1, case.heads, n, d, dtype=torch.bfloat16)
+    _, (call,) = fwd.fwd_launches(
+        plan.fwd, q, k, v, lq=n, lk=n, dv=d, group=1, out=out, scale=plan.scale, smooth_q=_smooth(plan, case)
+    )
+    return plan, call
+
+
 def build(target: Target, case: Case = Case()):
     """(compiled kernel, `FwdCall`, ptxas log) of the attention kernel for `case` on `target`:
-    the arguments, constexprs and tiles `fused_attention` would launch with there, num_stages
-    lowered while shared memory overflows `SHARED_BYTES` (as the launcher does on OutOfResources)."""
+    the launch `fused_attention` would make there (`launch_for`, the planner's spec), num_stages
+    lowered while shared memory overflows `SHARED_BYTES` (as the planner does after an
+    OutOfResources at launch)."""
     from mxattention.kernels import attention_fwd as fwd
     from mxattention.kernels._triton import kernels_interpreted
-    from mxattention.kernels.fused import launch_config
-    from mxattention.kernels.prepass import padded_dim, padded_len
-    from mxattention.kernels.rules import rule_constants
-    from mxattention.kernels.targets import hw_e4m3_cast
 
     if kernels_interpreted():
         raise RuntimeError("codegen needs compiled kernels: run it without TRITON_INTERPRET=1")
-    cfg = get_method(case.method)
-    d = case.head_dim
-    bm, path, layout, warps, stages, options = launch_config(target, d, d, case.matrix_path)
-    dp, bn, h, n = padded_dim(d), cfg.block_n, case.heads, case.seq
-    # The pre-pass outputs' shapes, padded as fused_attention pads them (values are never read).
-    lqp, lkp = padded_len(n, max(bm, 128)), padded_len(n, max(bn, 128))
-    u8 = torch.uint8
-    qk_bytes = dp if cfg.q.elem == "e4m3" else dp // 2  # MXFP8 Q^ / K^: one code byte per element
-    q = (torch.empty(1, h, lqp, qk_bytes, dtype=u8), torch.empty(1, h, lqp, dp // 32, dtype=u8))
-    if layout == "bf16":
-        k = torch.empty(1, h, lkp, dp, dtype=torch.bfloat16)
-        v = torch.empty(1, h, lkp, dp, dtype=torch.bfloat16)
-    else:
-        k = (torch.empty(1, h, lkp, qk_bytes, dtype=u8), torch.empty(1, h, lkp, dp // 32, dtype=u8))
-        v_bytes = lkp if cfg.v.elem == "e4m3" else lkp // 2  # MXFP8 V^: one code byte per key
-        v = (torch.empty(1, h, dp, v_bytes, dtype=u8), torch.empty(1, h, dp, lkp // 32, dtype=u8))
-    pr = rule_constants(cfg.p.rule, cfg.p.elem)
-    _, (call,) = fwd.fwd_calls(
-        q, k, v, lq=n, lk=n, dv=d, group=1, out=torch.empty(1, h, n, d, dtype=torch.bfloat16),
-        p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=cfg.pnq, block_n=bn, scale=d**-0.5,
-        is_causal=case.causal, matrix_path=path, block_m=bm, num_warps=warps, num_stages=stages,
-        compile_options=options, p_elem=cfg.p.elem, v_elem=cfg.v.elem, qk_elem=cfg.q.elem,
-        p_cvt=cfg.p.elem == "e4m3" and hw_e4m3_cast(target),  # as the plan (KernelPlan.p_cvt)
-        smooth_q=(torch.empty(1, h, -(-n // cfg.smooth_q_block), lkp), cfg.smooth_q_block) if cfg.smooth_q else None,
-    )  # fmt: skip
+    _, call = launch_for(target, case)
     limit = SHARED_BYTES.get(target.family, 1 << 62)
     stages = call.num_stages
     while True:
@@ -329,30 +358,21 @@ def summarize_gluon(target: Target, case: Case = Case(kernel="gluon")) -> dict:
     import triton
 
     from mxattention.kernels import attention_fwd_hopper as hopper
-    from mxattention.kernels.rules import rule_constants
-    from mxattention.kernels.targets import hw_e4m3_cast
 
-    cfg = get_method(case.method)
-    reason = hopper.gluon_fwd_reason(
-        kv_bf16=True, dq=case.head_dim, dv=case.head_dim, block_n=cfg.block_n, is_causal=case.causal,
-        smooth_q_block=cfg.smooth_q_block if cfg.smooth_q else 0, p_elem=cfg.p.elem, qk_elem=cfg.q.elem,
-    )  # fmt: skip
-    if reason is not None:
-        raise ValueError(f"the Gluon forward does not serve {case.label}: {reason}")
+    if case.kernel != "gluon":
+        raise ValueError(f"summarize_gluon builds the Gluon forward, got kernel={case.kernel!r}")
+    try:
+        plan = plan_for(target, case)
+    except ValueError as err:  # the planner's refusal of fwd_kernel="gluon" names what it does not serve
+        raise ValueError(f"the Gluon forward does not serve {case.label}: {err}") from err
     n, h, d = case.seq, case.heads, case.head_dim
-    width = d if cfg.q.elem == "e4m3" else d // 2
-    q = (torch.empty(1, h, n, width, dtype=torch.uint8), torch.empty(1, h, n, d // 32, dtype=torch.uint8))
-    kx = torch.empty(1, h, n, d, dtype=torch.bfloat16)
-    pr = rule_constants(cfg.p.rule, cfg.p.elem)
-    _, call = hopper.gluon_fwd_call(
-        q, kx, kx, lq=n, lk=n, group=1, out=torch.empty(1, h, n, d, dtype=torch.bfloat16),
-        p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=cfg.pnq, scale=d**-0.5, p_elem=cfg.p.elem,
-        qk_elem=cfg.q.elem, p_cvt=cfg.p.elem == "e4m3" and hw_e4m3_cast(target),
-        smooth_q=(torch.empty(1, h, -(-n // cfg.smooth_q_block), n), cfg.smooth_q_block) if cfg.smooth_q else None,
-        stages=case.stages,
+    q, kx, _ = _operands(plan, case)
+    _, call = hopper.gluon_launch(
+        plan.fwd, q, kx, kx, lq=n, lk=n, group=1, out=torch.empty(1, h, n, d, dtype=torch.bfloat16),
+        scale=plan.scale, smooth_q=_smooth(plan, case),
     )  # fmt: skip
     t0 = time.perf_counter()
-    kw = dict(call.constants, num_warps=call.num_warps)
+    kw = dict(call.constants, num_warps=call.num_warps)  # (enable_fp_fusion=False: compile_offline's)
     compiled, log = compile_offline(hopper._mx_attention_fwd_hopper_kernel, call.args, kw, target)
     seconds = time.perf_counter() - t0
     sass = disassemble(compiled.asm["cubin"])

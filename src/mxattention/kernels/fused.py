@@ -23,7 +23,6 @@ from mxattention.kernels.plan import (
     KV_LAYOUTS,
     LOG2E,
     MAX_HEAD_DIM,
-    ChunkPlan,
     KernelPlan,
     chunk_bytes,
     chunk_streams_for,
@@ -31,10 +30,13 @@ from mxattention.kernels.plan import (
     kv_heads_per_chunk,
     launch_config,
     plan_call,
+    record_build_failure,
+    replan,
     scale_reason,
     smoothing_heads_per_chunk,
     unsupported_reason,
 )
+from mxattention.kernels.specs import BuildFailure
 
 __all__ = [
     "CPU_KERNELS_ENV",
@@ -175,7 +177,29 @@ def run_plan(
     mask: torch.Tensor | None = None,
     is_causal: bool = False,
 ) -> FusedOutput:
-    """Execute a dense plan (`plan_call` of these inputs) chunk by chunk (see `fused_attention`)."""
+    """Execute a dense plan (`plan_call` of these inputs) chunk by chunk (see `fused_attention`).
+    A kernel that does not build here (`specs.BuildFailure`: a Gluon pass, a `tl` forward past
+    shared memory) is recorded by the planner, and the plan made again takes the fallback."""
+    while True:
+        try:
+            return _run_dense(plan, query, key, value, mask=mask, is_causal=is_causal)
+        except BuildFailure as failure:
+            record_build_failure(failure)
+            fallback = replan(plan, query, key, value, mask=mask, is_causal=is_causal)
+            if fallback == plan:  # nothing left to fall back to
+                raise
+            plan = fallback
+
+
+def _run_dense(
+    plan: KernelPlan,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+) -> FusedOutput:
     from mxattention.attention.operands import q_block_mean_rows
 
     assert plan.runs and not plan.varlen
@@ -202,14 +226,14 @@ def run_plan(
     if len(streams) > 1:
         streams[1].wait_stream(streams[0])
     held: list[tuple | None] = [None] * len(streams)
-    for i, chunk in enumerate(plan.chunks):
+    for i in range(len(plan.chunks)):
         slot = i % len(streams)
         on = contextlib.nullcontext() if streams[slot] is None else torch.cuda.stream(streams[slot])
         with on:
             # Chunk i - n's operands back to this stream's pool before chunk i allocates: at most
             # n chunks' operands alive at once (`KernelPlan.live_kv_heads`).
             held[slot] = None
-            held[slot] = _run_chunk(plan, chunk, query, key, value, out, lse, dbg, qm_all, mask, is_causal)
+            held[slot] = _run_chunk(plan, i, query, key, value, out, lse, dbg, qm_all, mask, is_causal)
     if len(streams) > 1:
         streams[0].wait_stream(streams[1])
     del held
@@ -219,7 +243,7 @@ def run_plan(
 
 def _run_chunk(
     plan: KernelPlan,
-    chunk: ChunkPlan,
+    index: int,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -230,85 +254,98 @@ def _run_chunk(
     mask: torch.Tensor | None,
     is_causal: bool,
 ) -> tuple:
-    """Pre-pass and kernel of one chunk on the current stream, writing its slices of out, lse and
-    dbg; returns its operands, which the caller keeps referenced while a kernel may read them."""
+    """Pre-pass and kernel of chunk `index` on the current stream, writing its slices of out, lse and
+    dbg; returns its operands, which the caller keeps referenced while a kernel may read them. A
+    cached plan's launches go through their slots (`launch.launch`: compiled kernels, directly)."""
     from mxattention.kernels.attention_fwd import mx_attention_fwd
     from mxattention.kernels.attention_fwd_hopper import mx_attention_fwd_hopper
     from mxattention.kernels.prepass import prepass_qk, prepass_v
     from mxattention.kernels.smoothing import smoothing_correction
 
     lq, hk, lk, dv = query.shape[2], key.shape[1], key.shape[2], value.shape[3]
-    bm, bn, lkp, qe = plan.block_m, plan.block_n, plan.lk_pad, plan.qk_elem
+    bm, bn, lkp, qe = plan.block_m, plan.block_n, plan.lk_pad, plan.qk_elem  # (the passes' lengths)
     wide = plan.kv_layout == "bf16"
     group = query.shape[1] // hk
     blk = plan.smooth_q_block
     q_rule, k_rule, v_rule = plan.rules
+    chunk = plan.chunks[index]
+    table = plan.launches
+
+    def slot(name: str) -> tuple[dict, object] | None:
+        return None if table is None else (table, (index, name))
+
     (b0, b1), (h0, h1) = chunk.batches, chunk.kv_heads
     bs, kv, qh = slice(b0, b1), slice(h0, h1), slice(h0 * group, h1 * group)
+    whole = len(plan.chunks) == 1  # the whole call: its tensors as they are (no views per call)
+
+    def part(x: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
+        return x if whole or x is None else x[bs, rows]
+
+    mask_chunk, out_chunk, lse_chunk = part(mask, qh), part(out, qh), part(lse, qh)
+
     smooth, q_mean = None, None
     if blk:
-        q_mean = (qm_all[bs, qh], blk)
-        smooth = (smoothing_correction(qm_all[bs, qh], key[bs, kv], lkp), blk)
+        q_mean = (part(qm_all, qh), blk)
+        smooth = (smoothing_correction(part(qm_all, qh), part(key, kv), lkp, slot=slot("corr")), blk)
     qp = prepass_qk(
-        query[bs, qh],
+        part(query, qh),
         q_rule,
         hadamard=plan.hadamard,
         len_multiple=max(bm, 128),
         elem=qe,
         q_mean=q_mean,
         pass_plan=chunk.q_pass,
+        slot=slot("q"),
     )
     kp = prepass_qk(
-        key[bs, kv],
+        part(key, kv),
         k_rule,
         hadamard=plan.hadamard,
         len_multiple=max(bn, 128),
         out_bf16=wide,
         elem=qe,
         pass_plan=chunk.k_pass,
+        slot=slot("k"),
     )
     vp = prepass_v(
-        value[bs, kv],
+        part(value, kv),
         v_rule,
         len_multiple=max(bn, 128),
         out_bf16=wide,
         elem=plan.v_elem,
         pass_plan=chunk.v_pass,
+        slot=slot("v"),
     )
+    # lse's chunk is written in place where it is contiguous (one batch, or all heads), else copied.
+    direct = lse_chunk.is_contiguous()
     if plan.fwd_kernel == "gluon":
-        lse[bs, qh] = mx_attention_fwd_hopper(
-            qp, kp, vp, lq=lq, lk=lk, group=group, out=out[bs, qh], p_rule=plan.p_rule,
-            pnq=plan.pnq, scale=plan.scale, p_elem=plan.p_elem, qk_elem=qe, p_cvt=plan.p_cvt, smooth_q=smooth,
+        got = mx_attention_fwd_hopper(
+            qp, kp, vp, spec=plan.fwd, slot=slot("fwd"), lq=lq, lk=lk, group=group, out=out_chunk,
+            scale=plan.scale, smooth_q=smooth, lse=lse_chunk if direct else None,
         )  # fmt: skip
+        if not direct:
+            lse[bs, qh] = got
         return qp, kp, vp, smooth
     dbg_chunk = None if dbg is None else torch.zeros_like(dbg[bs, qh])
-    lse[bs, qh] = mx_attention_fwd(
+    got = mx_attention_fwd(
         qp,
         kp,
         vp,
+        spec=plan.fwd,
+        slot=slot("fwd"),
         lq=lq,
         lk=lk,
         dv=dv,
         group=group,
-        out=out[bs, qh],
-        p_rule=plan.p_rule,
-        pnq=plan.pnq,
-        block_n=bn,
+        out=out_chunk,
         scale=plan.scale,
-        is_causal=is_causal,
-        mask=None if mask is None else mask[bs, qh],
-        matrix_path=plan.matrix_path,
-        block_m=bm,
-        num_warps=plan.num_warps,
-        num_stages=plan.num_stages,
-        compile_options=plan.compile_options,
+        mask=mask_chunk,
         debug_p=dbg_chunk,
-        p_elem=plan.p_elem,
-        v_elem=plan.v_elem,
-        qk_elem=qe,
-        p_cvt=plan.p_cvt,
         smooth_q=smooth,
+        lse=lse_chunk if direct else None,
     )
+    if not direct:
+        lse[bs, qh] = got
     if dbg is not None:
         dbg[bs, qh] = dbg_chunk  # the kernel indexes its buffer as a contiguous [B, heads, Lq, Lk']
     return qp, kp, vp, smooth

@@ -30,7 +30,8 @@ from mxattention.attention.reference import cast_output
 from mxattention.attention.varlen import per_sequence
 from mxattention.kernels._triton import kernels_interpreted
 from mxattention.kernels.fused import fused_attention, scaled_operands
-from mxattention.kernels.plan import KernelPlan, plan_call, varlen_reason
+from mxattention.kernels.plan import KernelPlan, fitted, plan_call, record_build_failure, varlen_reason
+from mxattention.kernels.specs import BuildFailure
 
 VARLEN_KERNEL_ENV = "MXATTENTION_VARLEN_KERNEL"
 
@@ -141,6 +142,7 @@ def fused_varlen_attention(
     group = hq // hk
     assert plan.fwd_kernel == "tl"  # the Gluon forward serves dense calls only
     q_rule, k_rule, v_rule = plan.rules
+    spec = plan.fwd
     for chunk in plan.chunks:
         (h0, h1) = chunk.kv_heads
         kv, qh = slice(h0, h1), slice(h0 * group, h1 * group)
@@ -166,30 +168,15 @@ def fused_varlen_attention(
             elem=plan.v_elem,
             pass_plan=chunk.v_pass,
         )
-        lse[qh] = mx_attention_fwd(
-            qp,
-            kp,
-            vp,
-            lq=tq,
-            lk=tk,
-            dv=dv,
-            group=group,
-            out=out[:, qh].permute(1, 0, 2)[None],
-            p_rule=plan.p_rule,
-            pnq=plan.pnq,
-            block_n=bn,
-            scale=plan.scale,
-            is_causal=is_causal,
-            matrix_path=plan.matrix_path,
-            block_m=bm,
-            num_warps=plan.num_warps,
-            num_stages=plan.num_stages,
-            compile_options=plan.compile_options,
-            varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q),
-            p_elem=plan.p_elem,
-            v_elem=plan.v_elem,
-            qk_elem=qe,
-            p_cvt=plan.p_cvt,
-        )[0]
+        kw = dict(lq=tq, lk=tk, dv=dv, group=group, out=out[:, qh].permute(1, 0, 2)[None], scale=plan.scale)
+        while True:
+            try:
+                lse[qh] = mx_attention_fwd(
+                    qp, kp, vp, spec=spec, **kw, varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q)
+                )[0]
+                break
+            except BuildFailure as failure:  # past shared memory: the planner's one stage fewer
+                record_build_failure(failure)
+                spec = fitted(spec)
         del qp, kp, vp  # freed before the next group's pre-pass allocates
     return cast_output(out, q.dtype), lse  # the kernel saturates its own stores likewise

@@ -6,10 +6,14 @@ Gluon kernel, layout, tiles), `ChunkPlan` (a group of batches x KV heads run bef
 operands exist), and the predicates and rules the plan is made of: `unsupported_reason`,
 `scale_reason`, `varlen_reason`, `launch_config`, `kv_heads_per_chunk`, `smoothing_heads_per_chunk`,
 `chunk_bytes`, `chunk_streams_for`, `recoverable_waves`, `default_matrix_path`, `cpu_kernels_requested`; it asks `prepass.qk_pass` /
-`prepass.v_pass` (each pass's kernel and tiles) and `attention_fwd_hopper.fwd_kernel_for`.
+`prepass.v_pass` (each pass's kernel and tiles) and `attention_fwd_hopper.fwd_kernel_for`. The
+forward's launch spec (`specs.FwdSpec`: every constexpr) is decided here (`tl_fwd_spec`,
+`gluon_fwd_spec`), and so is what a build failure changes (`record_build_failure`, `fitted`,
+`replan`). The plan cache lives here too: `plan_key`, `cached_plan` (a cached plan also holds the
+launch table of its compiled kernels, `launch.launch`), `kernel_plan`.
 
 `fused.fused_attention` and `fused_varlen.fused_varlen_attention` execute a plan; the custom ops
-(`kernels.op`, `kernels.varlen_op`) ask `plan.reason` whether the kernels serve a call;
+(`mxattention.ops.call`) ask `plan.reason` whether the kernels serve a call;
 `mxattention bench --plan` prints it. Per-architecture tuning is frozen data in `kernels.targets`
 (`FWD_TILES`, `HW_E4M3_CAST`, `GLUON_FWD`: read by `attention_fwd_hopper.fwd_kernel_for`), `kernels.prepass` (`PREPASS_TILES`) and
 here (`SMOOTH_Q_GLUON_MAX_CHUNKS`). The
@@ -22,16 +26,18 @@ from __future__ import annotations
 import math
 import os
 import struct
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from mxattention.attention.config import AttentionConfig
+from mxattention.attention.keys import config_from_key
 from mxattention.kernels._triton import HAS_TRITON, kernels_interpreted, sm_count
 from mxattention.kernels.prepass import PassPlan, padded_dim, padded_len, qk_pass, v_pass, varlen_v_len
 from mxattention.kernels.rules import KERNEL_ELEMS, rule_constants
+from mxattention.kernels.specs import BuildFailure, FwdKernel, FwdSpec, KVLayout, MatrixPath, PlanOverrides
 from mxattention.kernels.targets import (
-    MATRIX_PATHS,
     Target,
     chunk_streams_min_gain,
     current_target,
@@ -165,7 +171,7 @@ def launch_config(
     kv_layout: str | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-) -> tuple[int, str, str, int, int, tuple[tuple[str, int], ...]]:
+) -> tuple[int, MatrixPath, KVLayout, int, int, tuple[tuple[str, int], ...]]:
     """(block_m, matrix path, K^/V^ layout, warps, stages, compile options) of a call on `target`
     (`targets.current_target(device)`; None: the interpreter), the None arguments defaulted from
     `targets.fwd_tiles` / `targets.matrix_path_for`: dense and varlen calls share them, so a varlen
@@ -176,13 +182,9 @@ def launch_config(
     tiles = fwd_tiles(
         target, padded_dim(max(d, dv)), block_m=block_m, num_warps=num_warps, num_stages=num_stages
     )
-    path = matrix_path or matrix_path_for(target)
-    if path not in MATRIX_PATHS:
-        raise ValueError(f"matrix_path must be one of {MATRIX_PATHS}, got {path!r}")
+    path = MatrixPath.parse(matrix_path or matrix_path_for(target), "matrix_path")
     narrow = narrow_v(target, padded_dim(d), padded_dim(dv))
-    layout = kv_layout or ("bf16" if path == "bf16" and not narrow else "packed")
-    if layout not in KV_LAYOUTS:
-        raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {layout!r}")
+    layout = KVLayout.parse(kv_layout or ("bf16" if path == "bf16" and not narrow else "packed"), "kv_layout")
     if layout == "bf16" and path != "bf16":
         raise ValueError("bf16 K^ / V^ operands need matrix_path='bf16'")
     if layout == "bf16" and narrow:
@@ -272,6 +274,177 @@ def chunk_streams_for(
     return 2 if requested == 2 and chunks >= 2 and kv_heads >= 2 else 1
 
 
+# What did not build in this process (the planner's record, `record_build_failure`): a Gluon pass's
+# name or a `tl` forward spec that overflowed shared memory -> why. The plans made after it take the
+# fallback (`plan_call` reads it; `plan_key` holds its size, so a cached plan is made again).
+_BUILD_FAILURES: dict[object, str] = {}
+
+
+def record_build_failure(failure: BuildFailure) -> None:
+    """Record what a launcher could not build (once; a Gluon pass with one warning naming the error)."""
+    import triton
+
+    if failure.what in _BUILD_FAILURES:
+        return
+    _BUILD_FAILURES[failure.what] = failure.reason
+    if isinstance(failure.what, str):
+        warnings.warn(
+            f"mxattention: the Gluon {failure.what} pre-pass does not build with Triton {triton.__version__} "
+            f"({failure.reason[:300]}); using the tl kernel (same bytes, ~10 % slower pass)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def fitted(spec: FwdSpec) -> FwdSpec:
+    """`spec` with num_stages lowered past every build of it that overflowed shared memory here."""
+    while spec in _BUILD_FAILURES and spec.num_stages > 1:
+        spec = replace(spec, num_stages=spec.num_stages - 1)
+    return spec
+
+
+def pass_tiles(overrides: tuple[tuple[str, tuple[int, int]], ...] = ()) -> dict[str, tuple[int, int]]:
+    """The pre-pass tiles: `prepass.PREPASS_TILES` with `overrides` (`PlanOverrides.prepass_tiles`)."""
+    from mxattention.kernels.prepass import PREPASS_TILES
+
+    unknown = [k for k, _ in overrides if k not in PREPASS_TILES]
+    if unknown:
+        raise ValueError(f"prepass_tiles keys must be in {tuple(PREPASS_TILES)}, got {unknown}")
+    return {**PREPASS_TILES, **dict(overrides)}
+
+
+def replan(plan: KernelPlan, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+           mask: torch.Tensor | None, is_causal: bool) -> KernelPlan:  # fmt: skip
+    """`plan` made again for these inputs (after a build failure: the fallback is planned)."""
+    return plan_call(
+        plan.config, query, key, value, scale=plan.call_scale, mask=mask, is_causal=is_causal,
+        debug_p=plan.debug_p, overrides=plan.overrides,
+    )  # fmt: skip
+
+
+def tl_fwd_spec(
+    *,
+    block_m: int,
+    block_n: int,
+    dq: int,
+    dvp: int,
+    p_rule: tuple[bool, int, int],
+    pnq: bool,
+    matrix_path: str,
+    kv_bf16: bool,
+    out_dtype: torch.dtype,
+    num_warps: int,
+    num_stages: int,
+    compile_options: tuple[tuple[str, int], ...] = (),
+    is_causal: bool = False,
+    mask_dtype: torch.dtype | None = None,
+    debug_p: bool = False,
+    varlen: bool = False,
+    p_elem: str = "e2m1",
+    v_elem: str = "e2m1",
+    qk_elem: str = "e2m1",
+    p_cvt: bool = False,
+    smooth_q_block: int = 0,
+    interpreted: bool | None = None,
+) -> FwdSpec:
+    """The `attention_fwd` launch of a call: every constexpr decided here (`dq` Q^ / K^'s padded head
+    dim, `dvp` V^'s; `mask_dtype` None for no mask; `interpreted` None: `kernels_interpreted()`, which
+    sets fp32 products (DOT_T) and the interpreter's non-flushing exp2 (EXP_FLUSH))."""
+    from mxattention.kernels._triton import tl
+    from mxattention.kernels.attention_fwd import MASK_ADD, MASK_BOOL, MASK_NONE
+
+    if interpreted is None:
+        interpreted = kernels_interpreted()
+    path = MatrixPath.parse(matrix_path, "matrix_path")
+    assert not (kv_bf16 and path is not MatrixPath.BF16), (path, kv_bf16)
+    assert all(e in KERNEL_ELEMS for e in (p_elem, v_elem, qk_elem)), (p_elem, v_elem, qk_elem)
+    assert smooth_q_block % block_m == 0, (smooth_q_block, block_m)
+    mask_mode = MASK_NONE if mask_dtype is None else (MASK_BOOL if mask_dtype == torch.bool else MASK_ADD)
+    ceil, q_exp, q_mant = p_rule
+    constexprs = dict(
+        BM=block_m,
+        BN=block_n,
+        DQ=dq,
+        DV=dvp,
+        CAUSAL=is_causal,
+        MASK_MODE=mask_mode,
+        PNQ=pnq,
+        CEIL=ceil,
+        Q_EXP=q_exp,
+        Q_MANT=q_mant,
+        DOT_SCALED=path is MatrixPath.DOT_SCALED,
+        DEBUG_P=debug_p,
+        # The interpreter multiplies in fp32 (its bf16 dot rounds the products).
+        DOT_T=tl.float32 if interpreted else tl.bfloat16,
+        KV_BF16=kv_bf16,
+        OUT_MAX=torch.finfo(out_dtype).max if out_dtype in (torch.float16, torch.bfloat16) else 0.0,
+        VARLEN=varlen,
+        P_ELEM=p_elem,
+        V_ELEM=v_elem,
+        P_CVT=p_cvt,
+        QK_ELEM=qk_elem,
+        SMOOTH_Q_BLOCK=smooth_q_block,
+        # The interpreter's exp2 keeps subnormals; NVIDIA's flushes them (`cast.exp2_ftz`).
+        EXP_FLUSH=interpreted,
+    )
+    return fitted(
+        FwdSpec(FwdKernel.TL, tuple(constexprs.items()), num_warps, num_stages, tuple(compile_options))
+    )
+
+
+def gluon_fwd_spec(
+    *,
+    p_rule: tuple[bool, int, int],
+    pnq: bool,
+    out_dtype: torch.dtype,
+    o_tma: bool,
+    p_elem: str = "e2m1",
+    qk_elem: str = "e2m1",
+    p_cvt: bool = False,
+    smooth_q_block: int = 0,
+    stages: int | None = None,
+    corr_mma: bool | None = None,
+    overlap: bool | None = None,
+    pingpong: bool | None = None,
+) -> FwdSpec:
+    """The `attention_fwd_hopper` launch of a call: its ring `stages`, whether the producer writes Q
+    smoothing's correction parts (`corr_mma`: only where they fit in shared memory, <= 2 stages),
+    O by TMA store (`o_tma`: where out takes a descriptor, `attention_fwd_hopper.out_tma_ok`), the
+    hardware E4M3 cast (`p_cvt`); None: the module's frozen defaults (STAGES, CORR_MMA, OVERLAP,
+    PINGPONG), which experiments override. Raises ValueError for corr_mma=True past 2 stages."""
+    from mxattention.kernels import attention_fwd_hopper as hopper
+
+    n_stages = hopper.STAGES if stages is None else stages
+    # The parts ring (4 KiB a stage) does not fit beside 3 K^ / V^ stages (242 KB of shared
+    # memory, the H200 has 227 KiB): there the row is loaded (231 KB).
+    if corr_mma is None:
+        corr_mma = hopper.CORR_MMA and n_stages <= 2
+    elif corr_mma and n_stages > 2:
+        raise ValueError(f"corr_mma=True takes at most 2 stages (shared memory), got stages={n_stages}")
+    producer_parts = bool(smooth_q_block and corr_mma)  # the producer writes the parts (SMOOTH 2)
+    ceil, q_exp, q_mant = p_rule
+    constexprs = dict(
+        DQ=hopper.HEAD_DIM,
+        PNQ=pnq,
+        CEIL=ceil,
+        Q_EXP=q_exp,
+        Q_MANT=q_mant,
+        P_ELEM=p_elem,
+        P_CVT=bool(p_cvt and p_elem == "e4m3"),
+        QK_ELEM=qk_elem,
+        OUT_MAX=torch.finfo(out_dtype).max if out_dtype in (torch.float16, torch.bfloat16) else 0.0,
+        STAGES=n_stages,
+        OVERLAP=hopper.OVERLAP if overlap is None else overlap,
+        PINGPONG=hopper.PINGPONG if pingpong is None else pingpong,
+        CONSUMER_REGS=hopper.CONSUMER_REGS,
+        PRODUCER_REGS=hopper.PRODUCER_REGS_CORR if producer_parts else hopper.PRODUCER_REGS,
+        SMOOTH_Q_BLOCK=smooth_q_block,
+        CORR_MMA=producer_parts,
+        O_TMA=o_tma,
+    )
+    return FwdSpec(FwdKernel.GLUON, tuple(constexprs.items()), hopper.NUM_WARPS)
+
+
 # Q smoothing's Q^ pass is the Gluon one (`prepass_hopper`: each tile subtracts its block's mean row)
 # only for calls of at most this many head / batch chunks, as measured on the H200 (benchmarks/NOTES.md,
 # v14-smooth, two alternating rounds): one chunk (40 heads x 75600 queries, 512 keys) -2.4 % per call
@@ -347,6 +520,14 @@ class KernelPlan:
     varlen: str = ""  # "" dense, "kernel" (one launch per 65535 sequences), "per_sequence" (dense calls)
     debug_p: bool = False
     interpreted: bool = False  # Triton's CPU interpreter: fp32 output buffer, torch's final cast
+    fwd: FwdSpec | None = None  # the forward kernel's launch (`tl_fwd_spec` / `gluon_fwd_spec`)
+    # What the plan was made of, for `replan` after a build failure (not part of the plan's value).
+    config: AttentionConfig | None = field(default=None, compare=False, repr=False)
+    call_scale: float = field(default=0.0, compare=False, repr=False)
+    overrides: PlanOverrides = field(default=PlanOverrides(), compare=False, repr=False)
+    # A cached plan's launch table (`launch.launch`'s slots: compiled kernels launched directly);
+    # None for a plan made outside the cache, whose launches go through Triton's JIT each time.
+    launches: dict | None = field(default=None, compare=False, repr=False)
 
     @property
     def runs(self) -> bool:
@@ -384,7 +565,7 @@ class KernelPlan:
 
             tiles = (
                 f"BM {hopper.BLOCK_M} x BN {hopper.BLOCK_N}, 2 consumer warpgroups + 1 producer warp, "
-                f"{hopper.STAGES} K^/V^ stages"
+                f"{self.fwd['STAGES']} K^/V^ stages"
             )
         lines = [
             head,
@@ -434,6 +615,8 @@ def plan_call(
     fwd_kernel: str | None = None,
     debug_p: bool = False,
     chunk_streams: int | None = None,
+    overrides: PlanOverrides | None = None,
+    target: Target | str | None = "device",
 ) -> KernelPlan:
     """The plan of one call of `cfg` on checked inputs (see `fused.fused_attention` for the options).
 
@@ -443,8 +626,24 @@ def plan_call(
     dense call per sequence: `fused_varlen.varlen_kernel_enabled`, which the varlen op asks). `mask` / `is_causal` (and `debug_p`, varlen) decide whether the
     Gluon forward serves the call. `chunk_streams` (dense calls; None: `chunk_streams_for`'s
     default): 2 halves the head chunks and runs them on two streams. Raises ValueError only for a
-    bad kernel option.
+    bad kernel option. `overrides` (a `specs.PlanOverrides`) replaces all the option arguments from
+    `matrix_path` to `chunk_streams` (except `debug_p`) and adds the experiments' own. `target`:
+    the GPU target to plan for ("device": the query's, `targets.current_target`; None: the
+    interpreter); `codegen` plans offline builds for any target this way (there the emulated
+    `dot_scaled` path, refused at run time by `dot_scaled_refusal`, builds as asked).
     """
+    if overrides is None:
+        overrides = PlanOverrides(
+            matrix_path, block_m, num_warps, num_stages, kv_layout, kv_chunk_bytes, fwd_kernel, chunk_streams
+        )
+    o = overrides
+    matrix_path, block_m, num_warps, num_stages = o.matrix_path, o.block_m, o.num_warps, o.num_stages
+    kv_layout, kv_chunk_bytes, fwd_kernel, chunk_streams = (
+        o.kv_layout,
+        o.kv_chunk_bytes,
+        o.fwd_kernel,
+        o.chunk_streams,
+    )
     d, dv = key.shape[-1], value.shape[-1]
     device_reason = _device_reason(query)
     refusal = _config_reason(cfg, d, dv) or scale_reason(scale)
@@ -457,11 +656,13 @@ def plan_call(
         return KernelPlan(cfg.name, reason, refusal or reason)
     from mxattention.kernels import attention_fwd_hopper as fwd_hopper
 
-    target = current_target(query.device)
+    runs_here = target == "device"  # an explicit target plans an offline build (codegen), not a run
+    if runs_here:
+        target = current_target(query.device)
     bm, path, layout, warps, stages, options = launch_config(
         target, d, dv, matrix_path, block_m, kv_layout, num_warps, num_stages
     )
-    if path == "dot_scaled" and target is not None and not native_mx(target):
+    if path == "dot_scaled" and target is not None and not native_mx(target) and runs_here:
         raise ValueError(dot_scaled_refusal(target))
     if narrow_v(target, padded_dim(d), padded_dim(dv)) == "reference":
         why = (
@@ -481,7 +682,7 @@ def plan_call(
         varlen=varlen is not None, debug_p=debug_p, smooth_q_block=blk, p_elem=cfg.p.elem,
         qk_elem=qe, scale=kscale,
     )  # fmt: skip
-    fwd = fwd_hopper.fwd_kernel_for(target, gluon_reason, fwd_kernel)
+    fwd = FwdKernel(fwd_hopper.fwd_kernel_for(target, gluon_reason, fwd_kernel))
     dp, dvp = padded_dim(d), padded_dim(dv)
     if varlen is None:
         b, hq, lq = query.shape[:3]
@@ -514,23 +715,52 @@ def plan_call(
         step = -(-hk // -(-hk // (step // 2)))
     # The pass plans of a chunk's views are those of the whole tensors (the kernel choice reads
     # strides, dtype and 16-byte alignment, which a view at a whole head or batch keeps; the
-    # tiles the padded length), except V^'s warps, which follow the chunk's grid.
+    # tiles the padded length), except what follows the chunk's grid: V^'s warps, the Gluon
+    # passes' tiles and programs (`prepass_hopper.k_tiles` / `q_tiles`).
     if varlen is None:
         qx, kx, vx = query, key, value
     else:  # the [1, heads, total, D] views the varlen passes read
         qx, kx, vx = (x.permute(1, 0, 2)[None] for x in (query, key, value))
     ranges = _chunk_ranges(b, bstep, hk, step)
     gluon_q = not blk or len(ranges) <= SMOOTH_Q_GLUON_MAX_CHUNKS
-    q_pass = qk_pass(qx, lqp, hadamard=cfg.hadamard, out_bf16=False, elem=qe, smoothed=blk > 0, gluon=gluon_q)
-    k_pass = qk_pass(kx, lkp, hadamard=cfg.hadamard, out_bf16=wide, elem=qe, smoothed=False)
-    v_passes: dict[int, PassPlan] = {}
+    tiles = pass_tiles(o.prepass_tiles)
+    broken = frozenset(k for k in _BUILD_FAILURES if isinstance(k, str))  # Gluon passes that did not build
+    passes = dict(hadamard=cfg.hadamard, elem=qe, tiles=tiles, broken=broken)
+    by_heads: dict[int, tuple[PassPlan, PassPlan, PassPlan]] = {}  # a chunk's passes, by its B x KV heads
     chunks = []
     for bs, hs in ranges:
         heads = (bs[1] - bs[0]) * (hs[1] - hs[0])
-        if heads not in v_passes:
-            v_passes[heads] = v_pass(vx, lvp, out_bf16=wide, elem=cfg.v.elem, heads=heads)
-        chunks.append(ChunkPlan(bs, hs, q_pass, k_pass, v_passes[heads]))
+        if heads not in by_heads:
+            by_heads[heads] = (
+                qk_pass(
+                    qx, lqp, out_bf16=False, smoothed=blk > 0, gluon=gluon_q, heads=heads * group, **passes
+                ),
+                qk_pass(kx, lkp, out_bf16=wide, smoothed=False, heads=heads, **passes),
+                v_pass(vx, lvp, out_bf16=wide, elem=cfg.v.elem, heads=heads, tiles=tiles),
+            )
+        chunks.append(ChunkPlan(bs, hs, *by_heads[heads]))
     pr = rule_constants(cfg.p.rule, cfg.p.elem)
+    p_rule = (pr.ceil, pr.q_exp, pr.q_mant)
+    # E4M3 P~ by the hardware cast only where it was checked equal (targets.HW_E4M3_CAST).
+    p_cvt = cfg.p.elem == "e4m3" and hw_e4m3_cast(target)
+    interpreted = kernels_interpreted()
+    # The interpreter writes an fp32 O (its fp32 -> bf16 cast truncates); torch casts it after.
+    out_dtype = torch.float32 if interpreted else query.dtype
+    if fwd == "gluon":
+        # run_plan's out is contiguous and whole-head slices keep 16-byte alignment: TMA takes it.
+        o_tma = fwd_hopper.OUT_TMA and out_dtype in (torch.bfloat16, torch.float16)
+        fwd_spec = gluon_fwd_spec(
+            p_rule=p_rule, pnq=cfg.pnq, out_dtype=out_dtype, o_tma=o_tma, p_elem=cfg.p.elem,
+            qk_elem=qe, p_cvt=p_cvt, smooth_q_block=blk, stages=o.gluon_stages, corr_mma=o.gluon_corr_mma,
+        )  # fmt: skip
+    else:
+        fwd_spec = tl_fwd_spec(
+            block_m=bm, block_n=bn, dq=dp, dvp=dvp, p_rule=p_rule, pnq=cfg.pnq, matrix_path=path,
+            kv_bf16=wide, out_dtype=out_dtype, num_warps=warps, num_stages=stages, compile_options=options,
+            is_causal=is_causal, mask_dtype=None if mask is None else mask.dtype, debug_p=debug_p,
+            varlen=varlen is not None, p_elem=cfg.p.elem, v_elem=cfg.v.elem, qk_elem=qe, p_cvt=p_cvt,
+            smooth_q_block=blk, interpreted=interpreted,
+        )  # fmt: skip
     return KernelPlan(
         cfg.name,
         reason,
@@ -547,9 +777,8 @@ def plan_call(
         qk_elem=qe,
         v_elem=cfg.v.elem,
         p_elem=cfg.p.elem,
-        p_rule=(pr.ceil, pr.q_exp, pr.q_mant),
-        # E4M3 P~ by the hardware cast only where it was checked equal (targets.HW_E4M3_CAST).
-        p_cvt=cfg.p.elem == "e4m3" and hw_e4m3_cast(target),
+        p_rule=p_rule,
+        p_cvt=p_cvt,
         pnq=cfg.pnq,
         hadamard=cfg.hadamard,
         rules=(cfg.q.rule, cfg.k.rule, cfg.v.rule),
@@ -564,5 +793,89 @@ def plan_call(
         chunk_streams=streams,
         varlen="" if varlen is None else ("kernel" if varlen_kernel else "per_sequence"),
         debug_p=debug_p,
-        interpreted=kernels_interpreted(),
+        interpreted=interpreted,
+        fwd=fwd_spec,
+        config=cfg,
+        call_scale=scale,
+        overrides=o,
     )
+
+
+# ---- The plan cache: one plan per call signature (a plan is frozen data) ----------------------------
+# Dense plans by call signature (`plan_key`): planning costs more host time than the launches of a
+# short call (H200: benchmarks/results/host_h200.md). Bounded: a model has a few dozen signatures.
+_PLANS: dict[tuple, KernelPlan] = {}
+PLAN_CACHE_SIZE = 256
+
+
+def kernel_plan(
+    cfg: AttentionConfig,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    *,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    varlen: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
+    varlen_kernel: bool = True,
+) -> KernelPlan:
+    """The plan of this call (`plan_call` with the default options): `.reason` is None if the
+    fused kernels run it, else why not (the config and inputs, then the scale, then varlen's own);
+    `varlen_kernel`: whether a varlen call takes the one-launch kernel (`plan_call`)."""
+    return plan_call(
+        cfg,
+        query,
+        key,
+        value,
+        scale=scale,
+        mask=mask,
+        is_causal=is_causal,
+        varlen=varlen,
+        varlen_kernel=varlen_kernel,
+    )
+
+
+def plan_key(
+    cfg_key: str,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+) -> tuple:
+    """Everything a dense plan reads (`plan_call`): the method, each operand's device, dtype,
+    shape, strides and base alignment (a pass's kernel reads 16-byte alignment and bf16 pairs; Triton
+    specializes on it, so a cached plan's compiled kernels fit every call of its key), the mask's
+    layout and alignment, causality, the scale, the interpreter switch and the builds that failed in this
+    process (`record_build_failure`)."""
+    operands = tuple((t.dtype, t.shape, t.stride(), t.data_ptr() % 16) for t in (query, key, value))
+    masked = None if mask is None else (mask.dtype, mask.shape, mask.stride(), mask.data_ptr() % 16)
+    env = (cpu_kernels_requested(), len(_BUILD_FAILURES))
+    return (cfg_key, query.device, operands, masked, is_causal, scale, env)
+
+
+def cached_plan(
+    cfg_key: str,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    *,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+) -> KernelPlan:
+    """`kernel_plan` of a dense call, computed once per `plan_key` (a plan is frozen data), with a
+    launch table (`KernelPlan.launches`): `fused.run_plan` of these inputs launches its compiled
+    kernels directly from the second call on (`launch.launch`). Run it only on inputs of this
+    signature (the op does)."""
+    sig = plan_key(cfg_key, query, key, value, scale, mask, is_causal)
+    plan = _PLANS.get(sig)
+    if plan is None:
+        plan = kernel_plan(config_from_key(cfg_key), query, key, value, scale, mask=mask, is_causal=is_causal)
+        plan = replace(plan, launches={})
+        if len(_PLANS) >= PLAN_CACHE_SIZE:
+            _PLANS.clear()
+        _PLANS[sig] = plan
+    return plan

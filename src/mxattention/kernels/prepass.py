@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 
@@ -41,7 +43,9 @@ from mxattention.kernels import prepass_hopper
 from mxattention.kernels._triton import sm_count, tl, triton
 from mxattention.kernels.cast import bf16_pair_floats, cast_blocks, cast_packed, pack_nibbles
 from mxattention.kernels.hadamard import hadamard_rows
+from mxattention.kernels.launch import launch
 from mxattention.kernels.rules import rule_constants
+from mxattention.kernels.specs import BuildFailure, PassKernel
 from mxattention.rotation import rotation_block
 
 
@@ -316,16 +320,18 @@ def _v_prepass_kernel(
 GRID_Z_MAX = 65535  # CUDA's third grid axis: a varlen V^ launch holds at most this many sequences
 
 # (rows per program, warps) of each pass and layout; H200 sweep (git show f26ce6e:benchmarks/results/raw/
-# prepass_sweep_v6_h200.json). Row layout: one row per thread, 32 rows per warp. Module state so
-# the benchmark can sweep them.
-PREPASS_TILES = {
-    "qk_rows": (128, 4),
-    "qk_tile": (32, 4),
-    "qk_tile_256": (16, 4),
-    "v_bf16": (32, 1),
-    "v_packed": (64, 2),
-    "v_256": (32, 4),
-}
+# prepass_sweep_v6_h200.json). Row layout: one row per thread, 32 rows per warp. Frozen: a benchmark
+# sweeps them through the planner (`specs.PlanOverrides.prepass_tiles`).
+PREPASS_TILES: Mapping[str, tuple[int, int]] = MappingProxyType(
+    {
+        "qk_rows": (128, 4),
+        "qk_tile": (32, 4),
+        "qk_tile_256": (16, 4),
+        "v_bf16": (32, 1),
+        "v_packed": (64, 2),
+        "v_256": (32, 4),
+    }
+)
 
 
 # The bf16 V^ pass with fewer programs than this per SM takes 2 warps per program (40 heads x 512
@@ -338,15 +344,18 @@ class PassPlan:
     """One pre-pass launch: `kernel` "tl" (`prepass`) or "gluon" (`prepass_hopper`, sm_90, D 128;
     a build failure there falls back to the `tl` kernel with one warning), `layout` of the `tl`
     kernel ("rows": one row per thread, "tile", "keys": V's blocks along the keys; "" for Gluon),
-    `out` what it writes ("packed" E2M1 bytes, "e4m3" bytes, "bf16" values), `rows` per program,
-    `warps` per program, `bf16_pairs` (bf16 rows read as int32 pairs)."""
+    `out` what it writes ("packed" E2M1 bytes, "e4m3" bytes, "bf16" values), `rows` per program
+    (Gluon: per tile), `warps` per program, `bf16_pairs` (bf16 rows read as int32 pairs),
+    `programs` (Gluon: the K^ pass's grid, the Q^ pass's programs per head; `prepass_hopper.k_tiles`
+    / `q_tiles` of the launch's heads)."""
 
-    kernel: str
+    kernel: PassKernel
     layout: str
     out: str
     rows: int = 0
     warps: int = 0
     bf16_pairs: bool = False
+    programs: int = 0
 
     def __str__(self) -> str:
         if self.kernel == "gluon":
@@ -362,10 +371,10 @@ def _bf16_pairs(x: torch.Tensor) -> bool:
     return x.dtype == torch.bfloat16 and x.stride(-1) == 1 and strides_even and aligned
 
 
-def _tile(key: str, lp: int) -> tuple[int, int]:
-    """(rows per program, warps) of `PREPASS_TILES[key]`, halved until the rows divide lp."""
+def _tile(key: str, lp: int, tiles: Mapping[str, tuple[int, int]] = PREPASS_TILES) -> tuple[int, int]:
+    """(rows per program, warps) of `tiles[key]` (default `PREPASS_TILES`), halved until the rows divide lp."""
     assert lp % 32 == 0, "the padded length holds whole MX blocks of 32"
-    rows, warps = PREPASS_TILES[key]
+    rows, warps = tiles[key]
     while lp % rows:
         rows, warps = rows // 2, max(1, warps // 2)
     return rows, warps
@@ -380,25 +389,54 @@ def qk_pass(
     elem: str,
     smoothed: bool,
     gluon: bool = True,
+    tiles: Mapping[str, tuple[int, int]] = PREPASS_TILES,
+    broken: frozenset[str] = frozenset(),
+    heads: int | None = None,
 ) -> PassPlan:
     """The Q^ / K^ pass of x [B, H, L, D] padded to lp rows: the Gluon kernels where `gluon` and
     `prepass_hopper.usable` (bf16 K^, not smoothed) / `usable_q` (packed Q^, Q smoothing too) take x
     (E2M1), else the
     `tl` kernel, with each row in one thread except where its loads cost more than its
-    instructions save (bf16 output at DP = 128) or a row is too long for one thread (DP = 256)."""
+    instructions save (bf16 output at DP = 128) or a row is too long for one thread (DP = 256).
+    `tiles`: the `tl` kernels' (rows, warps) table; `broken`: the Gluon passes ("k_bf16", "q_packed")
+    that did not build in this process (`plan.record_build_failure`); `heads`: the launch's B x H
+    when it runs on a chunk of x (default: all of x's), which the Gluon passes' tiles follow."""
     out = "bf16" if out_bf16 else ("e4m3" if elem == "e4m3" else "packed")
     gluon = gluon and elem == "e2m1"
-    if gluon and out_bf16 and not smoothed and prepass_hopper.usable(x, lp, hadamard):
-        return PassPlan("gluon", "", out)
-    if gluon and not out_bf16 and prepass_hopper.usable_q(x, lp, hadamard):
-        return PassPlan("gluon", "", out)
+    bh = x.shape[0] * x.shape[1] if heads is None else heads
+    if (
+        gluon
+        and out_bf16
+        and not smoothed
+        and "k_bf16" not in broken
+        and prepass_hopper.usable(x, lp, hadamard)
+    ):
+        if not x.is_cuda:  # (a test's stand-in): the launch asks the device
+            return PassPlan(PassKernel.GLUON, "", out)
+        rows, warps, programs = prepass_hopper.k_tiles(bh, lp, x.device)
+        return PassPlan(PassKernel.GLUON, "", out, rows, warps, programs=programs)
+    if gluon and not out_bf16 and "q_packed" not in broken and prepass_hopper.usable_q(x, lp, hadamard):
+        if not x.is_cuda:
+            return PassPlan(PassKernel.GLUON, "", out)
+        rows, warps, programs = prepass_hopper.q_tiles(bh, lp, x.device)
+        return PassPlan(PassKernel.GLUON, "", out, rows, warps, programs=programs)
     dp = padded_dim(x.shape[-1])
     row_layout = dp <= 64 or (dp <= 128 and not out_bf16)
-    rows, warps = _tile("qk_rows" if row_layout else ("qk_tile" if dp <= 128 else "qk_tile_256"), lp)
-    return PassPlan("tl", "rows" if row_layout else "tile", out, rows, warps, row_layout and _bf16_pairs(x))
+    rows, warps = _tile("qk_rows" if row_layout else ("qk_tile" if dp <= 128 else "qk_tile_256"), lp, tiles)
+    return PassPlan(
+        PassKernel.TL, "rows" if row_layout else "tile", out, rows, warps, row_layout and _bf16_pairs(x)
+    )
 
 
-def v_pass(v: torch.Tensor, lp: int, *, out_bf16: bool, elem: str, heads: int | None = None) -> PassPlan:
+def v_pass(
+    v: torch.Tensor,
+    lp: int,
+    *,
+    out_bf16: bool,
+    elem: str,
+    heads: int | None = None,
+    tiles: Mapping[str, tuple[int, int]] = PREPASS_TILES,
+) -> PassPlan:
     """The V^ pass of v [B, H, L, Dv] padded to lp keys: blocks of 32 keys in one thread's registers
     up to Dvp 128 (a tile beyond), and for the bf16 output with fewer than V_SMALL_GRID_PER_SM
     programs per SM (short keys) 2 warps per program: more warps each hide more of the latency.
@@ -407,10 +445,10 @@ def v_pass(v: torch.Tensor, lp: int, *, out_bf16: bool, elem: str, heads: int | 
     dp = padded_dim(v.shape[-1])
     out = "bf16" if out_bf16 else ("e4m3" if elem == "e4m3" else "packed")
     key = "v_256" if dp > 128 else ("v_bf16" if out_bf16 else "v_packed")
-    rows, warps = _tile(key, lp)
+    rows, warps = _tile(key, lp, tiles)
     if key == "v_bf16" and v.is_cuda and (lp // rows) * bh < V_SMALL_GRID_PER_SM * sm_count(v.device):
         warps = max(warps, 2)
-    return PassPlan("tl", "keys" if dp <= 128 else "tile", out, rows, warps)
+    return PassPlan(PassKernel.TL, "keys" if dp <= 128 else "tile", out, rows, warps)
 
 
 @functools.lru_cache(maxsize=16)  # a few rotation norms per process; a tensor per call costs host time
@@ -424,6 +462,14 @@ def _rule_args(rule: str | float | ScaleRule, elem: str = "e2m1") -> dict:
     return {"CEIL": rc.ceil, "Q_EXP": rc.q_exp, "Q_MANT": rc.q_mant}
 
 
+def _default_qk_pass(x: torch.Tensor, lp: int, hadamard: bool, out_bf16: bool, elem: str, smoothed: bool):
+    """`qk_pass` as the planner asks it (the Gluon passes that did not build here excluded)."""
+    from mxattention.kernels.plan import _BUILD_FAILURES
+
+    broken = frozenset(k for k in _BUILD_FAILURES if isinstance(k, str))
+    return qk_pass(x, lp, hadamard=hadamard, out_bf16=out_bf16, elem=elem, smoothed=smoothed, broken=broken)
+
+
 def prepass_qk(
     x: torch.Tensor,
     rule: str | float | ScaleRule,
@@ -434,6 +480,7 @@ def prepass_qk(
     elem: str = "e2m1",
     q_mean: tuple[torch.Tensor, int] | None = None,
     pass_plan: PassPlan | None = None,
+    slot: tuple[dict, object] | None = None,
 ):
     """Rotate (optionally) and cast x [B, H, L, D] along D: (codes [B,H,Lp,Dp/2], scales [B,H,Lp,Dp/32]).
 
@@ -442,7 +489,10 @@ def prepass_qk(
     `elem` "e4m3" (MXFP8): one code byte per element, codes [B, H, Lp, Dp]; bf16 values exact for
     block scales >= 2**-124 (`cast.dequant_e4m3`). `q_mean` = (qm [B, H, ceil(L / block), D] fp32,
     block): Q smoothing, x - qm of each row's block before the rotation. `pass_plan`: the kernel
-    and tiles (`qk_pass`, which `plan.plan_call` and the default ask).
+    and tiles (`qk_pass`, which `plan.plan_call` and the default ask); a planned Gluon pass that
+    does not build raises `specs.BuildFailure` (the planner's caller plans the fallback), the
+    default one is recorded (`plan.record_build_failure`) and the `tl` pass runs. `slot`: the
+    launch's slot in a cached plan (`launch.launch`).
     """
     b, h, n, d = x.shape
     dp = padded_dim(d)
@@ -457,31 +507,29 @@ def prepass_qk(
         scales = torch.empty((b, h, lp, dp // MX_BLOCK_SIZE), dtype=torch.uint8, device=x.device)
     blk = rotation_block(d) if hadamard else 1  # raises the reference's error for an unsupported d
     levels, norm = blk.bit_length() - 1, 1.0 / math.sqrt(blk)
-    if pass_plan is None:
-        pass_plan = qk_pass(
-            x, lp, hadamard=hadamard, out_bf16=out_bf16, elem=elem, smoothed=q_mean is not None
-        )
-    if pass_plan.kernel == "gluon":  # False: this Triton cannot build it (warned once): the tl kernel
-        if out_bf16 and prepass_hopper.prepass_k_bf16(x, codes, lp, levels, norm, _rule_args(rule)):
-            return codes
-        if not out_bf16 and prepass_hopper.prepass_q_packed(
-            x, codes, scales, lp, norm, fold_e_max(norm), _rule_args(rule), q_mean
-        ):
+    planned = pass_plan is not None
+    if not planned:
+        pass_plan = _default_qk_pass(x, lp, hadamard, out_bf16, elem, q_mean is not None)
+    if pass_plan.kernel == "gluon":
+        tiles = (pass_plan.rows, pass_plan.warps, pass_plan.programs) if pass_plan.programs else None
+        try:
+            if out_bf16:
+                prepass_hopper.prepass_k_bf16(x, codes, lp, levels, norm, _rule_args(rule), tiles, slot=slot)
+                return codes
+            prepass_hopper.prepass_q_packed(
+                x, codes, scales, lp, norm, fold_e_max(norm), _rule_args(rule), q_mean, tiles, slot=slot
+            )
             return codes, scales
-        pass_plan = qk_pass(
-            x, lp, hadamard=hadamard, out_bf16=out_bf16, elem=elem, smoothed=q_mean is not None
-        )
+        except BuildFailure as failure:
+            if planned:  # the plan's caller records it and plans the fallback (`plan.replan`)
+                raise
+            from mxattention.kernels.plan import record_build_failure
+
+            record_build_failure(failure)
+            pass_plan = _default_qk_pass(x, lp, hadamard, out_bf16, elem, q_mean is not None)
     row_layout = pass_plan.layout == "rows"
     bl, warps = pass_plan.rows, pass_plan.warps
-    _qk_prepass_kernel[(lp // bl, b * h)](
-        x,
-        codes,
-        scales,
-        n,
-        d,
-        h,
-        *x.stride(),
-        lp,
+    consts = dict(
         BL=bl,
         DP=dp,
         ROW_LAYOUT=row_layout,
@@ -499,6 +547,10 @@ def prepass_qk(
         **_rule_args(rule, elem),
         num_warps=warps,
     )
+    args = (x, codes, scales, n, d, h, *x.stride(), lp)
+    if q_mean is not None:  # QM is a tensor the kernel reads: a positional argument of the launch
+        slot = None
+    launch(_qk_prepass_kernel, (lp // bl, b * h), args, consts, slot)
     return codes if out_bf16 else (codes, scales)
 
 
@@ -511,6 +563,7 @@ def prepass_v(
     varlen: tuple[torch.Tensor, int] | None = None,
     elem: str = "e2m1",
     pass_plan: PassPlan | None = None,
+    slot: tuple[dict, object] | None = None,
 ):
     """Cast v [B, H, L, Dv] along the keys: (codes [B,H,Dvp,Lp/2], scales [B,H,Dvp,Lp/32]).
 
@@ -520,7 +573,8 @@ def prepass_v(
     `varlen` = (cu_seqlens_k, max_seqlen_k): v [1, H, total_k, Dv] is a packed batch whose blocks
     of 32 keys restart at every sequence; Lp = `varlen_v_len` and sequence i starts at row
     `varlen_v_start` (its rows past its length rounded up to 32 are left unwritten). `pass_plan`:
-    the tiles (`v_pass`, which `plan.plan_call` and the default ask).
+    the tiles (`v_pass`, which `plan.plan_call` and the default ask); `slot`: the launch's slot in a
+    cached plan (`launch.launch`).
     """
     b, h, n, d = v.shape
     dp = padded_dim(d)
@@ -542,23 +596,10 @@ def prepass_v(
         grid = (lp // bl, b * h)
         if varlen is not None:  # programs of the longest sequence, for every sequence
             grid = (-(-max_len // bl), b * h, min(GRID_Z_MAX, num_seqs - seq0))
-        _v_prepass_kernel[grid](
-            v,
-            codes,
-            scales,
-            n,
-            d,
-            h,
-            *v.stride(),
-            lp,
-            cu,
-            seq0,
-            BL=bl,
-            DP=dp,
-            OUT_BF16=out_bf16,
-            VARLEN=varlen is not None,
-            ELEM=elem,
-            **_rule_args(rule, elem),
+        consts = dict(
+            BL=bl, DP=dp, OUT_BF16=out_bf16, VARLEN=varlen is not None, ELEM=elem, **_rule_args(rule, elem),
             num_warps=warps,
-        )
+        )  # fmt: skip
+        args = (v, codes, scales, n, d, h, *v.stride(), lp, cu, seq0)
+        launch(_v_prepass_kernel, grid, args, consts, None if slot is None else (slot[0], (slot[1], seq0)))
     return codes if out_bf16 else (codes, scales)

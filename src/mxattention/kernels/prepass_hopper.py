@@ -29,13 +29,15 @@ warning.
 
 from __future__ import annotations
 
-import warnings
+import functools
 
 import torch
 
-from mxattention.kernels._triton import sm_count, triton
+from mxattention.kernels._triton import sm_count
 from mxattention.kernels.cast import bf16_pair_floats, cast_blocks, cast_packed
 from mxattention.kernels.hadamard import hadamard_rows
+from mxattention.kernels.launch import launch
+from mxattention.kernels.specs import BuildFailure
 from mxattention.kernels.targets import SM_90A, current_target
 
 try:
@@ -340,8 +342,13 @@ if HAS_GLUON:
         tma.store_wait(pendings=0)
 
 
-_broken: dict[str, str] = {}  # kernel name -> the reason, once its build failed in this process
 _built: set[tuple] = set()  # (kernel name, dtype, constants) built in this process
+
+
+@functools.cache
+def _swizzled(swizzle: int, rank: int) -> object:
+    """A 32-bit NVMMA shared layout of the Q^ pass's TMA boxes (built once, not per call)."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=32, rank=rank)
 
 
 def _sm90_d128(x: torch.Tensor, hadamard: bool) -> bool:
@@ -363,7 +370,7 @@ def usable(x: torch.Tensor, lp: int, hadamard: bool) -> bool:
     """Whether `prepass_k_bf16` takes x [B, H, L, D] padded to lp rows: a CUDA sm_90 bf16 or fp16
     tensor with D = 128, rows that are 16-byte aligned (cp.async), lp a multiple of the tile, and
     the rotation on."""
-    if "k_bf16" in _broken or x.dtype not in (torch.bfloat16, torch.float16) or lp % TILE_ROWS:
+    if x.dtype not in (torch.bfloat16, torch.float16) or lp % TILE_ROWS:
         return False
     return _sm90_d128(x, hadamard)
 
@@ -372,49 +379,68 @@ def usable_q(x: torch.Tensor, lp: int, hadamard: bool) -> bool:
     """Whether `prepass_q_packed` takes x [B, H, L, D] padded to lp rows: a CUDA sm_90 bf16 tensor
     with D = 128 whose rows TMA can copy (16-byte aligned base and strides), lp a multiple of its
     tile, and the rotation on."""
-    if "q_packed" in _broken or x.dtype != torch.bfloat16 or lp % (16 * Q_WARPS):
+    if x.dtype != torch.bfloat16 or lp % (16 * Q_WARPS):
         return False
     return _sm90_d128(x, hadamard)
 
 
-def _launch(name: str, kernel, grid: tuple, args: tuple, consts: dict, options: dict, dtype) -> bool:
+def _launch(
+    name: str, kernel, grid: tuple, args: tuple, consts: dict, options: dict, dtype, slot=None
+) -> None:
     """Launch a Gluon kernel (compile `options`: num_warps, maxnreg), built first without launching
-    so that only a build failure (Gluon's API and passes move between Triton releases) falls back:
-    False after one warning naming the error, and `usable*` says no from then on."""
-    key = (name, dtype, tuple(sorted(consts.items())))
-    if key not in _built:
-        try:
-            kernel.warmup(*args, grid=grid, **consts, **options)
-        except Exception as err:  # any build error: reported once, then the tl kernel
-            _broken[name] = f"{type(err).__name__}: {err}"
-            warnings.warn(
-                f"mxattention: the Gluon {name} pre-pass does not build with Triton {triton.__version__} "
-                f"({_broken[name][:300]}); using the tl kernel (same bytes, ~10 % slower pass)",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-            return False
-        _built.add(key)
-    kernel[grid](*args, **consts, **options)
-    return True
+    so that a build failure (Gluon's API and passes move between Triton releases) raises
+    `specs.BuildFailure(name, why)` before anything runs; the planner records it and plans the `tl`
+    pass (`plan.record_build_failure`). `slot`: the launch's slot in a cached plan (`launch.launch`:
+    built and launched once, then launched directly)."""
+    if slot is None or slot[1] not in slot[0]:
+        key = (name, dtype, tuple(sorted(consts.items())))
+        if key not in _built:
+            try:
+                kernel.warmup(*args, grid=grid, **consts, **options)
+            except Exception as err:  # any build error: the planner's fallback
+                raise BuildFailure(name, f"{type(err).__name__}: {err}") from err
+            _built.add(key)
+    launch(kernel, grid, args, {**consts, **options}, slot)
+
+
+def k_tiles(heads: int, lp: int, device: torch.device) -> tuple[int, int, int]:
+    """(rows per tile, warps, programs) of the K^ pass over `heads` (B x H) heads of lp rows on
+    `device`'s SMs: the large tiles where every program gets work, else the short-key tiles; as many programs
+    as fill the SMs (`plan.plan_call` asks it per head chunk)."""
+    sms = sm_count(device)
+    rows, warps, per_sm = TILE_ROWS, WARPS, PROGRAMS_PER_SM
+    if heads * (lp // rows) < per_sm * sms:
+        rows, warps, per_sm = SMALL_TILE_ROWS, SMALL_WARPS, SMALL_PROGRAMS_PER_SM
+    return rows, warps, min(heads * (lp // rows), per_sm * sms)
+
+
+def q_tiles(heads: int, lp: int, device: torch.device) -> tuple[int, int, int]:
+    """(rows per tile, warps, programs per head) of the Q^ pass over `heads` (B x H) heads of lp rows."""
+    rows = 16 * Q_WARPS
+    return rows, Q_WARPS, max(1, min(lp // rows, -(-Q_PROGRAMS_PER_SM * sm_count(device) // heads)))
 
 
 def prepass_k_bf16(
-    x: torch.Tensor, out: torch.Tensor, lp: int, rot_levels: int, rot_norm: float, rule_args: dict
-) -> bool:
-    """Rotated K^ of x [B, H, L, 128] as bf16 into out [B, H, lp, 128]; False (nothing written) if
-    this Triton cannot build the kernel, after one warning that says why."""
+    x: torch.Tensor,
+    out: torch.Tensor,
+    lp: int,
+    rot_levels: int,
+    rot_norm: float,
+    rule_args: dict,
+    tiles: tuple[int, int, int] | None = None,
+    slot: tuple[dict, object] | None = None,
+) -> None:
+    """Rotated K^ of x [B, H, L, 128] as bf16 into out [B, H, lp, 128]; raises `specs.BuildFailure`
+    (nothing written) if this Triton cannot build the kernel. `tiles`: the plan's `k_tiles`
+    (default: asked here)."""
     b, h, n, d = x.shape
-    sms = sm_count(x.device)
-    rows, warps, per_sm = TILE_ROWS, WARPS, PROGRAMS_PER_SM
-    if b * h * (lp // rows) < per_sm * sms:
-        rows, warps, per_sm = SMALL_TILE_ROWS, SMALL_WARPS, SMALL_PROGRAMS_PER_SM
+    rows, warps, programs = k_tiles(b * h, lp, x.device) if tiles is None else tiles
     tiles_per_head = lp // rows
     n_tiles = b * h * tiles_per_head
-    grid = (min(n_tiles, per_sm * sms),)
+    grid = (programs,)
     args = (x, out, n, h, x.stride(0) // 8, x.stride(1) // 8, x.stride(2) // 8, lp, n_tiles, tiles_per_head)
     consts = dict(BL=rows, DP=d, STAGES=STAGES, ROT_LEVELS=rot_levels, ROT_NORM=rot_norm, **rule_args)
-    return _launch("k_bf16", _k_bf16_pipelined_kernel, grid, args, consts, dict(num_warps=warps), x.dtype)
+    _launch("k_bf16", _k_bf16_pipelined_kernel, grid, args, consts, dict(num_warps=warps), x.dtype, slot)
 
 
 def prepass_q_packed(
@@ -426,19 +452,21 @@ def prepass_q_packed(
     fold_e_max: int,
     rule_args: dict,
     q_mean: tuple[torch.Tensor, int] | None = None,
-) -> bool:
+    tiles: tuple[int, int, int] | None = None,
+    slot: tuple[dict, object] | None = None,
+) -> None:
     """Rotated, packed Q^ of bf16 x [B, H, L, 128] into codes [B, H, lp, 64] and scales
-    [B, H, lp, 4] (uint8); False (nothing written) if this Triton cannot build the kernel.
-    `q_mean` = (qm [B, H, ceil(L / block), 128] fp32, block): Q smoothing, as `prepass.prepass_qk`."""
+    [B, H, lp, 4] (uint8); raises `specs.BuildFailure` (nothing written) if this Triton cannot build it.
+    `q_mean` = (qm [B, H, ceil(L / block), 128] fp32, block): Q smoothing, as `prepass.prepass_qk`.
+    `tiles`: the plan's `q_tiles` (default: asked here)."""
     b, h, n, _ = x.shape
-    rows = 16 * Q_WARPS
+    rows, warps, per_head = q_tiles(b * h, lp, x.device) if tiles is None else tiles
     words = x.view(torch.int32).unflatten(-1, (2, 32))  # bf16 pairs, a half row per index of [2]
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=5)
+    layout = _swizzled(128, 5)
     desc = TensorDescriptor(words, list(words.shape), list(words.stride()), [1, 1, rows, 2, 32], layout)
     n_tiles = lp // rows
-    per_head = max(1, min(n_tiles, -(-Q_PROGRAMS_PER_SM * sm_count(x.device) // (b * h))))
     code_words = codes.view(torch.int32)  # [B, H, lp, 16]
-    out_layout = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=32, rank=4)
+    out_layout = _swizzled(64, 4)
     codes_desc = TensorDescriptor(
         code_words, list(code_words.shape), list(code_words.stride()), [1, 1, rows, 16], out_layout
     )
@@ -451,5 +479,5 @@ def prepass_q_packed(
         )
     args = (desc, codes_desc, scales, h, lp, n_tiles, qm, n, qm.shape[2] if block else 1)
     consts = dict(NORM=rot_norm, FOLD_E_MAX=fold_e_max, STAGES=Q_STAGES, SMOOTH=block, **rule_args)
-    options = dict(num_warps=Q_WARPS, maxnreg=Q_MAXNREG)
-    return _launch("q_packed", _q_packed_kernel, (per_head, b * h), args, consts, options, x.dtype)
+    options = dict(num_warps=warps, maxnreg=Q_MAXNREG)
+    _launch("q_packed", _q_packed_kernel, (per_head, b * h), args, consts, options, x.dtype, slot)

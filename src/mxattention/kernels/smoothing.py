@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from mxattention.kernels._triton import kernels_interpreted, tl, triton
+from mxattention.kernels.launch import launch
 from mxattention.kernels.prepass import padded_dim
 
 # Key elements per bf16 part count: bf16 is exact in one, fp16 (11 significant bits) in two.
@@ -125,14 +126,19 @@ def corr_tiles(nb: int) -> CorrTiles:
 
 
 def smoothing_correction(
-    qm: torch.Tensor, k: torch.Tensor, lkp: int, *, tiles: CorrTiles | None = None
+    qm: torch.Tensor,
+    k: torch.Tensor,
+    lkp: int,
+    *,
+    tiles: CorrTiles | None = None,
+    slot: tuple[dict, object] | None = None,
 ) -> torch.Tensor:
     """Q smoothing's per-block correction, fp32 [B, Hq, nb, lkp] = qm [B, Hq, nb, D] (fp32) .
     k [B, Hkv, Lk, D] (bf16, fp16 or fp32; GQA: each query head's KV head), unscaled, zero past Lk.
     The same bits for any batch or head chunk (`fused.fused_attention` splits by memory) and, on
     CUDA, any `tiles` (default `corr_tiles`, which depend on nb only): each value is one fixed
     sequence of k16 MMA steps over D (the CPU interpreter's numpy dot keeps its order only for a
-    fixed tile shape)."""
+    fixed tile shape). `slot`: the launch's slot in a cached plan (`launch.launch`)."""
     b, hq, nb, d = qm.shape
     hk, lk = k.shape[1], k.shape[2]
     corr = torch.empty((b, hq, nb, lkp), dtype=torch.float32, device=qm.device)
@@ -142,9 +148,8 @@ def smoothing_correction(
     # The interpreter's bf16 dot is wrong (Triton 3.9); the parts are exact in fp32 too, so it
     # multiplies them in fp32 (products exact either way).
     dot_t = tl.float32 if kernels_interpreted() else tl.bfloat16
-    _corr_kernel[grid](
-        qm.contiguous(), k, corr, nb, lk, d, hq, hq // hk, lkp, *k.stride(),
-        BNB=t.blocks, BK=t.keys, KT=t.key_tiles, DP=padded_dim(d), KPARTS=kparts, DOT_T=dot_t,
-        num_warps=t.warps, num_stages=t.stages,
-    )  # fmt: skip
+    args = (qm.contiguous(), k, corr, nb, lk, d, hq, hq // hk, lkp, *k.stride())
+    consts = dict(BNB=t.blocks, BK=t.keys, KT=t.key_tiles, DP=padded_dim(d), KPARTS=kparts, DOT_T=dot_t,
+                  num_warps=t.warps, num_stages=t.stages)  # fmt: skip
+    launch(_corr_kernel, grid, args, consts, slot)
     return corr

@@ -40,7 +40,7 @@ from mxattention.kernels.fused_varlen import (
 )
 
 # The planner, through this one import (the plan cache, keyed by the call's signature).
-from mxattention.kernels.op import cached_plan, kernel_plan
+from mxattention.kernels.plan import cached_plan, kernel_plan
 from mxattention.ops import route
 from mxattention.ops.errors import InferenceOnlyError, inference_only_message, warn_reference_once
 

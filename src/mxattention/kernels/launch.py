@@ -1,0 +1,73 @@
+"""Launching a planned kernel: through Triton's JIT once, then the compiled kernel directly.
+
+Exposes `launch(kernel, grid, args, kwargs, slot)` and `DIRECT_LAUNCH_ENV`. A `slot` is (the launch
+table of a cached plan, `KernelPlan.launches`; a key naming the launch in that plan): the first
+launch of a slot goes through `kernel[grid](*args, **kwargs)` (argument binding, specialization,
+the compile cache, the launch), which returns the compiled kernel; later launches of that slot call
+the compiled kernel's launcher with the same argument layout, skipping the binding (tens of
+microseconds per launch on the H200's host, `benchmarks/results/host_h200.md`). That is sound
+because a cached plan is keyed by everything Triton specializes on (`plan.plan_key`: dtypes,
+shapes, strides and 16-byte alignment of the operands, so every derived length, stride and buffer
+alignment is the same in every call of the slot), and each slot's grid and constexprs are fixed
+by the plan. Without a slot, on Triton's interpreter, with MXATTENTION_DIRECT_LAUNCH=0, or where
+this Triton's objects lack what the direct path uses (`JITFunction.device_caches`' binder,
+`CompiledKernel.__getitem__`; Triton 3.6 and 3.9 have both), the normal launch runs every time.
+"""
+
+from __future__ import annotations
+
+import os
+
+from mxattention.kernels._triton import kernels_interpreted
+
+DIRECT_LAUNCH_ENV = "MXATTENTION_DIRECT_LAUNCH"
+_UNAVAILABLE = object()  # a slot whose kernel launches the normal way (no direct path here)
+
+
+def direct_launch_enabled() -> bool:
+    """Whether cached plans launch their compiled kernels directly (MXATTENTION_DIRECT_LAUNCH, default 1;
+    never on the interpreter, which has no compiled kernel)."""
+    return os.environ.get(DIRECT_LAUNCH_ENV, "1") not in ("", "0") and not kernels_interpreted()
+
+
+def launch(kernel, grid: tuple, args: tuple, kwargs: dict, slot: tuple[dict, object] | None = None) -> None:
+    """Launch `kernel[grid](*args, **kwargs)`; with a `slot` of a cached plan, directly after the first time."""
+    if slot is None:
+        kernel[grid](*args, **kwargs)
+        return
+    table, key = slot
+    runner = table.get(key)
+    if runner is None:
+        compiled = kernel[grid](*args, **kwargs)
+        table[key] = (
+            _runner(kernel, compiled, grid, args, kwargs) if direct_launch_enabled() else _UNAVAILABLE
+        )
+    elif runner is _UNAVAILABLE:
+        kernel[grid](*args, **kwargs)
+    else:
+        runner(args)
+
+
+def _runner(kernel, compiled, grid: tuple, args: tuple, kwargs: dict):
+    """A function of the positional arguments that launches `compiled` as `kernel[grid]` would, or
+    `_UNAVAILABLE` where this Triton does not offer the pieces. The launcher takes every parameter's
+    value in signature order (constexprs included), as `JITFunction.run` passes its bound arguments."""
+    try:
+        from triton.runtime.driver import driver
+
+        binder = kernel.device_caches[driver.active.get_current_device()][-1]
+        bound = binder(*args, **kwargs)[0]  # {parameter name: value}, defaults applied
+        names = list(bound)
+        if names[: len(args)] != [p.name for p in kernel.params[: len(args)]]:
+            return _UNAVAILABLE
+        tail = tuple(bound[n] for n in names[len(args) :])
+        if any(hasattr(t, "data_ptr") for t in tail):  # a tensor by keyword would be frozen in
+            return _UNAVAILABLE
+        run = compiled[tuple(grid) + (1,) * (3 - len(grid))]
+    except Exception:  # another Triton's internals: the normal launch stays correct
+        return _UNAVAILABLE
+
+    def direct(call_args: tuple) -> None:
+        run(*call_args, *tail)
+
+    return direct

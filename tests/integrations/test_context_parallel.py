@@ -116,8 +116,12 @@ def _spawn_cp(device_type, dtype_name):
 
     from tests.integrations import _cp_worker
 
+    # On the CPU the ranks are forked: they start with this process's torch, diffusers and mxattention
+    # already imported (spawned, each paid ~10 s of CPU importing them again). CUDA needs spawn.
+    method = "fork" if device_type == "cpu" else "spawn"
     with tempfile.TemporaryDirectory() as path:
-        mp.spawn(_cp_worker.run, args=(2, path, device_type, dtype_name), nprocs=2, join=True)
+        args = (2, path, device_type, dtype_name)
+        mp.start_processes(_cp_worker.run, args=args, nprocs=2, join=True, start_method=method)
         return torch.load(f"{path}/rank0.pt")
 
 

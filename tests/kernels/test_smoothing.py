@@ -79,12 +79,13 @@ def test_correction_is_an_fp32_dot(dtype, device):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_correction_bits_do_not_depend_on_the_launch(dtype, device):
     """Random qm and keys (sums that round), 2 batches x 4 query heads on 2 KV heads, 70 query
-    blocks (ragged tiles), 200 keys: every batch / head chunk (`fused` splits by memory) and any key
-    tiles per program, warps and stages give the whole default call's bits; on CUDA any tile shape
-    too (each value the same k16 MMA steps; the interpreter's numpy dot sums in an order that
-    depends on the matrix shape, so there the default tile shape, a function of nb only)."""
+    blocks (ragged tiles: the fewest that make two), 100 keys (two key tiles, the last ragged):
+    every batch / head chunk (`fused` splits by memory) and any key tiles per program, warps and
+    stages give the whole default call's bits; on CUDA any tile shape too (each value the same k16
+    MMA steps; the interpreter's numpy dot sums in an order that depends on the matrix shape, so
+    there the default tile shape, a function of nb only)."""
     g = torch.Generator().manual_seed(4)
-    d, nb, lk, lkp = 128, 70, 200, 256
+    d, nb, lk, lkp = 128, 70, 100, 128
     qm = ((torch.randn(2, 4, nb, d, generator=g) + 2.0) * torch.exp(torch.randn(d, generator=g))).to(device)
     k = (torch.randn(2, 2, lk, d, generator=g) * torch.exp(torch.randn(d, generator=g))).to(dtype).to(device)
     whole = smoothing_correction(qm, k, lkp)

@@ -149,7 +149,7 @@ def check_case(label, shape, dtype, causal, mask_kind, data) -> dict:
     from mxattention.attention.fast import fold_report
     from mxattention.kernels.fused import fused_attention
 
-    b, hq, hk, lq, lk, d = shape
+    _b, hq, hk, lq, lk, d = shape
     q, k, v = inputs(shape, dtype, data)
     g = torch.Generator(device="cuda").manual_seed(1)
     mask = _mask(mask_kind, shape, g)
@@ -251,6 +251,16 @@ def _bench(fn, rep_ms: float) -> float:
 
 
 def speed(rep_ms: float, warmup_s: float, log) -> dict:
+    """Each of SPEED_SHAPES timed by `speed_shape`, the GPU's memory freed in between."""
+    results = {}
+    for name, shape in SPEED_SHAPES.items():
+        results[name] = speed_shape(name, shape, rep_ms, warmup_s, log)
+        torch.cuda.empty_cache()
+    return results
+
+
+def speed_shape(name: str, shape, rep_ms: float, warmup_s: float, log) -> dict:
+    """Median ms, TFLOP/s and speed against cuDNN of each candidate at shape (H, Lq, Lk, D), bf16."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from mxattention.kernels.attention_fwd_fp8 import fp8_operands, mx_attention_fwd_fp8
@@ -258,71 +268,66 @@ def speed(rep_ms: float, warmup_s: float, log) -> dict:
     from mxattention.kernels.prepass import prepass_qk, prepass_v
     from mxattention.kernels.rules import rule_constants
 
-    results = {}
-    for name, (h, lq, lk, d) in SPEED_SHAPES.items():
-        g = torch.Generator(device="cuda").manual_seed(0)
-        chan = torch.exp(torch.randn(d, device="cuda", generator=g))
-        q = (torch.randn(1, h, lq, d, device="cuda", generator=g) * chan).bfloat16()
-        k = (torch.randn(1, h, lk, d, device="cuda", generator=g) * chan).bfloat16()
-        v = torch.randn(1, h, lk, d, device="cuda", generator=g).bfloat16()
-        scale = d**-0.5
-        if warmup_s > 0:
-            t_end = time.time() + warmup_s
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                while time.time() < t_end:
-                    torch.nn.functional.scaled_dot_product_attention(q, k, v)
-                    torch.cuda.synchronize()
+    h, lq, lk, d = shape
+    g = torch.Generator(device="cuda").manual_seed(0)
+    chan = torch.exp(torch.randn(d, device="cuda", generator=g))
+    q = (torch.randn(1, h, lq, d, device="cuda", generator=g) * chan).bfloat16()
+    k = (torch.randn(1, h, lk, d, device="cuda", generator=g) * chan).bfloat16()
+    v = torch.randn(1, h, lk, d, device="cuda", generator=g).bfloat16()
+    scale = d**-0.5
+    if warmup_s > 0:
+        t_end = time.time() + warmup_s
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            while time.time() < t_end:
+                torch.nn.functional.scaled_dot_product_attention(q, k, v)
+                torch.cuda.synchronize()
 
-        def cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
-        def prep():
-            qb = prepass_qk(q, "uos", hadamard=True, out_bf16=True)
-            kb = prepass_qk(k, "uos", hadamard=True, out_bf16=True)
-            vb = prepass_v(v, "uos", out_bf16=True)
-            return fp8_operands(qb, kb, vb, scale, 1)
+    def prep():
+        qb = prepass_qk(q, "uos", hadamard=True, out_bf16=True)
+        kb = prepass_qk(k, "uos", hadamard=True, out_bf16=True)
+        vb = prepass_v(v, "uos", out_bf16=True)
+        return fp8_operands(qb, kb, vb, scale, 1)
 
-        ops = prep()
-        pr = rule_constants(FAST.p.rule, FAST.p.elem)
-        out = torch.empty(1, h, lq, d, device="cuda", dtype=torch.bfloat16)
+    ops = prep()
+    pr = rule_constants(FAST.p.rule, FAST.p.elem)
+    out = torch.empty(1, h, lq, d, device="cuda", dtype=torch.bfloat16)
 
-        def kernel(**opt):
-            bm = opt.get("block_m", 128)
-            assert ops[0].shape[2] % bm == 0
-            return lambda: mx_attention_fwd_fp8(
-                *ops, lq=lq, lk=lk, dv=d, group=1, out=out, p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=True,
-                block_n=FAST.block_n, **opt,
-            )  # fmt: skip
+    def kernel(**opt):
+        assert ops[0].shape[2] % opt.get("block_m", 128) == 0
+        return lambda: mx_attention_fwd_fp8(
+            *ops, lq=lq, lk=lk, dv=d, group=1, out=out, p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=True,
+            block_n=FAST.block_n, **opt,
+        )  # fmt: skip
 
-        cands = {
-            "sdpa_cudnn": cudnn,
-            "mx_exact": lambda: fused_attention(q, k, v, EXACT, scale=scale),
-            "mx_fast": lambda: fused_attention(q, k, v, FAST, scale=scale),
-            "fast_prepass_and_fold": prep,
-            "fast_kernel_w8_s2": kernel(num_warps=8, num_stages=2),
-            "fast_kernel_w8_s3": kernel(num_warps=8, num_stages=3),
-            "fast_kernel_w4_s2_bm64": kernel(num_warps=4, num_stages=2, block_m=64),
-            "fast_kernel_promoted_qk": kernel(num_warps=8, num_stages=2, qk_acc=32),
-            "fast_kernel_promoted_both": kernel(num_warps=8, num_stages=2, qk_acc=32, pv_acc=32),
-        }
-        flop = 4.0 * lq * lk * d * h
-        rows = {}
-        for cname, fn in cands.items():
-            try:
-                ms = _bench(fn, rep_ms)
-                rows[cname] = {"ms": ms, "tflops": flop / ms / 1e9}
-            except Exception as e:  # a variant that does not build or fit: recorded, the rest go on
-                rows[cname] = {"error": f"{type(e).__name__}: {e}"[:500]}
-            log(f"{name} {cname}: {rows[cname]}")
-        base = rows["sdpa_cudnn"].get("ms")
-        for r in rows.values():
-            if "ms" in r and base:
-                r["vs_cudnn"] = base / r["ms"]  # > 1: faster than cuDNN
-        results[name] = {"shape": [1, h, lq, lk, d], "rows": rows}
-        del q, k, v, ops, out
-        torch.cuda.empty_cache()
-    return results
+    cands = {
+        "sdpa_cudnn": cudnn,
+        "mx_exact": lambda: fused_attention(q, k, v, EXACT, scale=scale),
+        "mx_fast": lambda: fused_attention(q, k, v, FAST, scale=scale),
+        "fast_prepass_and_fold": prep,
+        "fast_kernel_w8_s2": kernel(num_warps=8, num_stages=2),
+        "fast_kernel_w8_s3": kernel(num_warps=8, num_stages=3),
+        "fast_kernel_w4_s2_bm64": kernel(num_warps=4, num_stages=2, block_m=64),
+        "fast_kernel_promoted_qk": kernel(num_warps=8, num_stages=2, qk_acc=32),
+        "fast_kernel_promoted_both": kernel(num_warps=8, num_stages=2, qk_acc=32, pv_acc=32),
+    }
+    flop = 4.0 * lq * lk * d * h
+    rows = {}
+    for cname, fn in cands.items():
+        try:
+            ms = _bench(fn, rep_ms)
+            rows[cname] = {"ms": ms, "tflops": flop / ms / 1e9}
+        except Exception as e:  # a variant that does not build or fit: recorded, the rest go on
+            rows[cname] = {"error": f"{type(e).__name__}: {e}"[:500]}
+        log(f"{name} {cname}: {rows[cname]}")
+    base = rows["sdpa_cudnn"].get("ms")
+    for r in rows.values():
+        if "ms" in r and base:
+            r["vs_cudnn"] = base / r["ms"]  # > 1: faster than cuDNN
+    return {"shape": [1, h, lq, lk, d], "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -392,7 +392,7 @@ class KernelPlan:
             head,
             f"  forward: {self.fwd_kernel} kernel, matrix path {self.matrix_path}, K^/V^ {self.kv_layout}"
             if self.mma == "exact"
-            else "  forward: fp8 kernel (attention_fwd_fp8): Q^, K^, V^, P~ folded into E4M3, FP8 MMAs",
+            else "  forward: fp8 kernel (attention_fwd_fp8): Q^ (as bf16), K^, V^, P~ folded into E4M3, FP8 MMAs",
             f"  tiles: {tiles}",
             f"  elements: Q^/K^ {self.qk_elem}, V^ {self.v_elem}, P~ {self.p_elem}"
             f"{' (hardware cast)' if self.p_cvt else ''}, PNQ {self.pnq}, rotation {self.hadamard}, "

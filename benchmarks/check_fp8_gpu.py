@@ -14,6 +14,8 @@ Run from the repository root on a CUDA GPU with FP8 MMAs (sm_89+; built for the 
 3. speed in one process, after a cuDNN warm-up: cuDNN SDPA, the exact mxattention, the fast mode
    (whole call), its kernel alone on prepared operands in a few tile / accumulator variants, and its
    pre-pass + fold alone, at (1, 40, 16384, 16384, 128) and (1, 40, 32760, 512, 128) bf16.
+   (P~'s E4M3 rounding by the hardware conversion where the plan takes it, sm_90; the software rounding
+   as one more variant.)
 
 Writes DIR/check_fp8_gpu.json (and prints a summary). Each section records its error instead of
 stopping the run. Exits 1 if a hard check fails (the fast mode's deviation from the exact method over
@@ -111,6 +113,7 @@ def fast_kernel_only(q, k, v, scale, *, mask=None, is_causal=False, debug_p=None
     b, hq, lq, _ = q.shape
     hk, lk, dv = k.shape[1], k.shape[2], v.shape[3]
     bm = kernel_options.pop("block_m", 128)
+    kernel_options.setdefault("p_cvt", _hw_cast())  # as the plan (run_chunk_fp8)
     qb = prepass_qk(q, "uos", hadamard=True, len_multiple=max(bm, 128), out_bf16=True)
     kb = prepass_qk(k, "uos", hadamard=True, len_multiple=128, out_bf16=True)
     vb = prepass_v(v, "uos", len_multiple=128, out_bf16=True)
@@ -123,6 +126,13 @@ def fast_kernel_only(q, k, v, scale, *, mask=None, is_causal=False, debug_p=None
         **kernel_options,
     )  # fmt: skip
     return out, lse
+
+
+def _hw_cast() -> bool:
+    """Whether the plan rounds P~ onto E4M3 by the hardware conversion on this GPU."""
+    from mxattention.kernels.targets import current_target, hw_e4m3_cast
+
+    return hw_e4m3_cast(current_target(torch.device("cuda")))
 
 
 def _recorded_emulation(qf, kr, vr, mask, is_causal, scale):
@@ -298,6 +308,7 @@ def speed_shape(name: str, shape, rep_ms: float, warmup_s: float, log) -> dict:
 
     def kernel(**opt):
         assert ops[0].shape[2] % opt.get("block_m", 128) == 0
+        opt.setdefault("p_cvt", _hw_cast())
         return lambda: mx_attention_fwd_fp8(
             *ops, lq=lq, lk=lk, dv=d, group=1, out=out, p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=True,
             block_n=FAST.block_n, **opt,
@@ -313,6 +324,7 @@ def speed_shape(name: str, shape, rep_ms: float, warmup_s: float, log) -> dict:
         "fast_kernel_w4_s2_bm64": kernel(num_warps=4, num_stages=2, block_m=64),
         "fast_kernel_promoted_qk": kernel(num_warps=8, num_stages=2, qk_acc=32),
         "fast_kernel_promoted_both": kernel(num_warps=8, num_stages=2, qk_acc=32, pv_acc=32),
+        "fast_kernel_sw_p_round": kernel(num_warps=8, num_stages=2, p_cvt=False),
     }
     flop = 4.0 * lq * lk * d * h
     rows = {}

@@ -205,6 +205,7 @@ def _fp8_tile(
     DEBUG_P: tl.constexpr,
     QK_ACC: tl.constexpr,
     PV_ACC: tl.constexpr,
+    P_CVT: tl.constexpr,
 ):
     """One key tile (`attention_fwd._attend_tile` on folded E4M3 operands): (m, l, o_tilde) after keys
     [start_n, start_n + BN); l and o_tilde in folded units (x 2**8, V^ per column x 2**-a_v)."""
@@ -228,13 +229,23 @@ def _fp8_tile(
     p_blk = exp2_ftz(s_blk * c[:, None] - m_use[:, None], EXP_FLUSH)
     two_e = block_scale(p_blk, CEIL, Q_EXP, Q_MANT)
     # P^ (exact E2M1 values), then folded: x 2**8 (exact) rounded onto E4M3 (exact for scales >= 2**-16).
-    f3 = e4m3_round(e2m1_round(p3, two_e[:, :, None]) * 256.0)
-    f = tl.reshape(f3, [BM, BN])
+    r3 = e2m1_round(p3, two_e[:, :, None]) * 256.0
+    if P_CVT:
+        # The hardware's rounding conversion (checked equal to `cast.e4m3_round` on every fp32 in
+        # [0, 2**9], targets.HW_E4M3_CAST), one instruction per pair, and back for l: l adds exactly
+        # the bytes the MMA reads.
+        p8 = tl.reshape(r3.to(tl.float8e4nv, fp_downcast_rounding="rtne"), [BM, BN])
+        f = p8.to(tl.float32)
+        f3 = tl.reshape(f, [BM, BN // 32, 32])
+    else:
+        f3 = e4m3_round(r3)
+        f = tl.reshape(f3, [BM, BN])
+        # (EXP_FLUSH is set on the interpreter, whose float8 conversion of NaN is wrong: bytes by bits there)
+        p8 = _e4m3_bytes(f, EXP_FLUSH)
     if DEBUG_P:
         tl.store(Pdbg + dbg_row + offs_n[None, :], f * 0.00390625, mask=offs_m[:, None] < Lq)
     v8 = tl.load(V8 + v_rows + offs_n[None, :])  # [DV, BN]: keys contiguous (K-major B operand)
-    # (EXP_FLUSH is set on the interpreter, whose float8 conversion of NaN is wrong: bytes by bits there)
-    acc = tl.dot(_e4m3_bytes(f, EXP_FLUSH), tl.trans(v8), max_num_imprecise_acc=PV_ACC)
+    acc = tl.dot(p8, tl.trans(v8), max_num_imprecise_acc=PV_ACC)
     if PNQ:
         l = alpha * l + tl.sum(tl.sum(f3, 1), 1)
     else:
@@ -284,6 +295,7 @@ def _fp8_attention_kernel(
     DEBUG_P: tl.constexpr,
     QK_ACC: tl.constexpr,
     PV_ACC: tl.constexpr,
+    P_CVT: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -313,13 +325,13 @@ def _fp8_attention_kernel(
         m, l, o_tilde = _fp8_tile(
             m, l, o_tilde, q8, c, K8, V8, k_base, v_rows, start_n, offs_m, Lq, Lk, mask_base, stride_mm,
             stride_mn, Pdbg, dbg_row, BN, DQ, False, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, EXP_FLUSH,
-            DEBUG_P, QK_ACC, PV_ACC,
+            DEBUG_P, QK_ACC, PV_ACC, P_CVT,
         )  # fmt: skip
     for start_n in tl.range(full, hi, BN, num_stages=1):
         m, l, o_tilde = _fp8_tile(
             m, l, o_tilde, q8, c, K8, V8, k_base, v_rows, start_n, offs_m, Lq, Lk, mask_base, stride_mm,
             stride_mn, Pdbg, dbg_row, BN, DQ, True, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, EXP_FLUSH,
-            DEBUG_P, QK_ACC, PV_ACC,
+            DEBUG_P, QK_ACC, PV_ACC, P_CVT,
         )  # fmt: skip
     empty = l == 0.0
     colscale = tl.load(ColScale + bhk.to(tl.int64) * DV + offs_dv)  # 2**a_v per output column
@@ -376,6 +388,7 @@ def fwd_fp8_call(
     debug_p: torch.Tensor | None = None,
     qk_acc: int | None = None,
     pv_acc: int | None = None,
+    p_cvt: bool = False,
 ) -> tuple[torch.Tensor, tuple[int, int], tuple, dict]:
     """(lse, grid, positional arguments, keyword arguments) of the FP8 kernel's launch on
     `fp8_operands` (see `mx_attention_fwd_fp8`); `build_fp8` compiles the same launch offline."""
@@ -399,7 +412,7 @@ def fwd_fp8_call(
         Q_EXP=q_exp, Q_MANT=q_mant,
         OUT_MAX=torch.finfo(out.dtype).max if out.dtype in (torch.float16, torch.bfloat16) else 0.0,
         EXP_FLUSH=kernels_interpreted(), DEBUG_P=debug_p is not None, QK_ACC=qk_acc, PV_ACC=pv_acc,
-        num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=False,
+        P_CVT=p_cvt, num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=False,
     )  # fmt: skip
     return lse, (lqp // block_m, bsz * hq), args, kwargs
 
@@ -409,7 +422,8 @@ def mx_attention_fwd_fp8(*operands: torch.Tensor, **kwargs) -> torch.Tensor:
     [B, Hq, Lq, Dv], returns lse [B, Hq, Lq] (fp32, natural log). Keywords of `fwd_fp8_call`:
     `mask` None or a [B, Hq, Lq, Lk] broadcast view (bool or additive); `qk_acc` / `pv_acc` Triton's
     max_num_imprecise_acc of the two dots (None: the target's default, on sm_90 every k-step of a dot
-    in Hopper's FP8 accumulator; 32 adds each k-step to an fp32 accumulator); `debug_p` fp32
+    in Hopper's FP8 accumulator; 32 adds each k-step to an fp32 accumulator); `p_cvt` P~'s E4M3
+    rounding by the hardware conversion (only where `targets.hw_e4m3_cast` says it is exact); `debug_p` fp32
     [B, Hq, Lq, LKP] receiving the folded P^ in P~'s units."""
     lse, grid, args, kw = fwd_fp8_call(*operands, **kwargs)
     _fp8_attention_kernel[grid](*args, **kw)
@@ -425,6 +439,7 @@ def build_fp8(target, d: int = 128, n: int = 16384, heads: int = 40, causal: boo
     from mxattention.kernels.plan import launch_config
     from mxattention.kernels.prepass import padded_dim, padded_len
     from mxattention.kernels.rules import rule_constants
+    from mxattention.kernels.targets import hw_e4m3_cast
 
     cfg = get_method("mxattention-fast")
     bm, _path, _layout, warps, stages, _opts = launch_config(target, d, d, "bf16")
@@ -438,7 +453,7 @@ def build_fp8(target, d: int = 128, n: int = 16384, heads: int = 40, causal: boo
         torch.empty(1, heads, dp, dtype=f32),
     )  # fmt: skip
     pr = rule_constants(cfg.p.rule, cfg.p.elem)
-    kw = dict(num_warps=warps, num_stages=stages) | options
+    kw = dict(num_warps=warps, num_stages=stages, p_cvt=hw_e4m3_cast(target)) | options
     _lse, _grid, args, kwargs = fwd_fp8_call(
         *ops, lq=n, lk=n, dv=d, group=1, out=torch.empty(1, heads, n, d, dtype=torch.bfloat16),
         p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=cfg.pnq, block_n=bn, is_causal=causal, block_m=bm, **kw,
@@ -452,6 +467,7 @@ def run_chunk_fp8(plan, chunk, query, key, value, out, lse, dbg, mask, is_causal
     fold passes, the FP8 kernel; writes this chunk's slices of out, lse (and dbg); returns the
     operands, which the caller keeps referenced while the kernel may read them."""
     from mxattention.kernels.prepass import prepass_qk, prepass_v
+    from mxattention.kernels.targets import hw_e4m3_cast
 
     lq, hk, lk, dv = query.shape[2], key.shape[1], key.shape[2], value.shape[3]
     group = query.shape[1] // hk
@@ -469,6 +485,7 @@ def run_chunk_fp8(plan, chunk, query, key, value, out, lse, dbg, mask, is_causal
         *ops, lq=lq, lk=lk, dv=dv, group=group, out=out[bs, qh], p_rule=plan.p_rule, pnq=plan.pnq,
         block_n=plan.block_n, is_causal=is_causal, mask=None if mask is None else mask[bs, qh],
         block_m=plan.block_m, num_warps=plan.num_warps, num_stages=plan.num_stages, debug_p=dbg_chunk,
+        p_cvt=hw_e4m3_cast(plan.target),
     )  # fmt: skip
     if dbg is not None:
         dbg[bs, qh] = dbg_chunk

@@ -158,6 +158,28 @@ def captures(n_texts: int, log) -> dict[str, list]:
     return out
 
 
+def study(n_texts: int, seeds: list[int], log) -> dict:
+    """The study's end-to-end quality (`eval.study`) of fp, mxattention and mxattention-fast: MiniLM's
+    sentence-embedding cosine against fp (`n_texts` texts) and terrain's heightmap PSNR / SSIM against
+    fp (`seeds`)."""
+    from mxattention.eval.study import minilm_part, terrain_part
+
+    methods = ["fp", "mxattention", "mxattention-fast"]
+    t = time.time()
+    m = minilm_part(methods, n_texts, show=False)
+    log(f"study MiniLM in {time.time() - t:.0f} s: {m['embedding_cosine']}")
+    t = time.time()
+    r = terrain_part(methods, seeds, show=False)
+    quality = {k: {"psnr_db": v["psnr_db"], "ssim": v["ssim"]} for k, v in r["heightmap_quality"].items()}
+    log(f"study terrain in {time.time() - t:.0f} s: {quality}")
+    return {
+        "texts": n_texts,
+        "seeds": seeds,
+        "minilm_embedding_cosine": m["embedding_cosine"],
+        "terrain_quality": quality,
+    }
+
+
 def markdown(report: dict) -> str:
     lines = [
         "# The fast mode's deviation from the exact method (CPU, the emulation)",
@@ -182,6 +204,20 @@ def markdown(report: dict) -> str:
             f"{s['k_heads_outside']} / {s['k_heads']} | {o['v']['blocks']} / {o['v']['blocks_total']} | "
             f"{o['p']['blocks']} / {o['p']['nonzero_blocks']} | {o['p']['rows']} / {o['p']['rows_total']} |"
         )
+    st = report.get("study")
+    if st:
+        lines += [
+            "",
+            f"End to end (`eval.study`): MiniLM sentence-embedding cosine against fp ({st['texts']} texts), "
+            f"terrain heightmaps against fp (seeds {st['seeds']}).",
+            "",
+            "| method | MiniLM cosine | terrain PSNR (dB) | terrain SSIM |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        for name in ("mxattention", "mxattention-fast"):
+            tq = st["terrain_quality"][name]
+            cos = st["minilm_embedding_cosine"][name]
+            lines.append(f"| `{name}` | {cos:.6f} | {tq['psnr_db']:.3f} | {tq['ssim']:.5f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -190,6 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--texts", type=int, default=8, help="MiniLM sample texts")
     ap.add_argument("--no-models", action="store_true", help="synthetic sets only")
+    ap.add_argument(
+        "--study",
+        action="store_true",
+        help="also the end-to-end study (MiniLM cosine, terrain PSNR; ~10 min)",
+    )
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3], help="terrain seeds of --study")
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
@@ -215,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python " + " ".join(["benchmarks/fast_mode_deviation.py", *sys.argv[1:]]),
         "sets": sets,
     }
+    if args.study:
+        report["study"] = study(args.texts, args.seeds, log)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fast_mode_deviation.json").write_text(json.dumps(report, indent=1))
     (args.out / "fast_mode_deviation.md").write_text(markdown(report))

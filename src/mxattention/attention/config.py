@@ -20,6 +20,10 @@ The PyTorch reference and the fused kernels read the same object (docs/design.md
   Inf in that channel of the block) is taken as 0, so a NaN in Q stays in its row, as in torch.
 - `block_m` x `block_n` is the tile of the online softmax. The result depends on `block_n`
   (P~ is taken against the running max of the key tiles seen so far) and not on `block_m`.
+- `mma` is how the two GEMMs consume the MX operands: "exact" (default: every product exact in
+  fp32, bf16 tensor cores on Hopper) or "fp8", the fast mode (docs/fast_mode.md): Q^, K^, V^ and
+  P~ folded into E4M3 against power-of-two anchors (`formats.fold`) for FP8 tensor cores, exact
+  wherever an MX block lies within 14 binades of its anchor group's top block; MXFP4 operands only.
 
 Every field is checked at construction (TypeError for a wrong type, ValueError for a wrong value,
 both naming the field), and `to_dict` / `from_dict` round-trip a config through JSON.
@@ -176,6 +180,8 @@ class QuantSpec:
 
 
 _SPEC_FIELDS = ("q", "k", "v", "p")
+# How the GEMMs consume the operands: "exact" (products exact in fp32) or "fp8" (folded E4M3, the fast mode).
+MMA_MODES = ("exact", "fp8")
 _FLAG_FIELDS = ("hadamard", "pnq", "smooth_k", "smooth_q")
 _INT_FIELDS = ("smooth_q_block", "block_m", "block_n")
 
@@ -197,6 +203,7 @@ class AttentionConfig:
     p_row_scale: float = 1.0
     block_m: int = 128
     block_n: int = 128
+    mma: str = "exact"
     notes: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -229,6 +236,18 @@ class AttentionConfig:
         if not (math.isfinite(r) and r > 0):
             raise ValueError(f"AttentionConfig.p_row_scale must be a finite float > 0, got {r!r}")
         object.__setattr__(self, "p_row_scale", float(r))
+        _check_str("AttentionConfig", "mma", self.mma)
+        if self.mma not in MMA_MODES:
+            raise ValueError(f"AttentionConfig.mma must be one of {MMA_MODES}, got {self.mma!r}")
+        if self.mma == "fp8":
+            not_e2m1 = [n for n in _SPEC_FIELDS if (s := getattr(self, n)) is None or s.format != "mxfp4"]
+            if not_e2m1 or self.p_row_scale != 1.0:
+                raise ValueError(
+                    "AttentionConfig.mma='fp8' folds MXFP4 (E2M1) operands into E4M3 and P~ <= 1 with a "
+                    f"fixed factor; got {'operand(s) ' + '/'.join(not_e2m1) + ' not MXFP4' if not_e2m1 else ''}"
+                    f"{'p_row_scale ' + repr(self.p_row_scale) if self.p_row_scale != 1.0 else ''}: 8-bit P~ / V "
+                    "(the pv8 presets), NVFP4 and unquantized operands keep mma='exact' (docs/fast_mode.md)"
+                )
 
     @property
     def quantized(self) -> bool:
@@ -240,6 +259,8 @@ class AttentionConfig:
     def describe(self) -> str:
         ops = ", ".join(f"{n}={s.describe()}" for n in "qkvp" if (s := getattr(self, n)) is not None)
         flags = [f for f in _FLAG_FIELDS if getattr(self, f)]
+        if self.mma != "exact":
+            flags.append(f"mma {self.mma}")
         return f"{self.name}: {ops or 'full precision'}" + (f" [{', '.join(flags)}]" if flags else "")
 
     def to_dict(self) -> dict[str, Any]:
@@ -289,6 +310,17 @@ PRESETS: dict[str, AttentionConfig] = {
         _all_mx("mxattention", "uos", hadamard=True, pnq=True, notes="Hadamard + UOS 7.25 + PNQ (full)"),
         _all_mx("mxattention-no-hadamard", "uos", hadamard=False, pnq=True, notes="UOS + PNQ"),
         _all_mx("mxfp4-tfs-hadamard-pnq", "tfs", hadamard=True, pnq=True, notes="TFS (q = 6) instead of UOS"),
+        AttentionConfig(
+            "mxattention-fast",
+            _MX4,
+            _MX4,
+            _MX4,
+            _MX4,
+            hadamard=True,
+            pnq=True,
+            mma="fp8",
+            notes="mxattention on FP8 tensor cores: operands folded into E4M3 (docs/fast_mode.md)",
+        ),
         AttentionConfig(
             "mxattention-pv8",
             _MX4,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from mxattention.attention.config import AttentionConfig, QuantSpec
+from mxattention.attention.fast import fold_operands, fold_p_values
 from mxattention.formats.mx import fake_quantize
 from mxattention.formats.nvfp4 import nvfp4_fake_quantize
 from mxattention.rotation import rotate
@@ -29,6 +30,8 @@ def quantize_p(p_tilde: torch.Tensor, cfg: AttentionConfig) -> torch.Tensor:
     """Q(P~) along the keys (last axis) in float32; `p_row_scale` is applied and undone around it."""
     if cfg.p is None:
         return p_tilde
+    if cfg.mma == "fp8":  # the fast mode: the tile the FP8 P~V product consumes (`attention.fast`)
+        return fold_p_values(quantize(p_tilde, cfg.p, -1))
     if cfg.p_row_scale == 1.0:
         return quantize(p_tilde, cfg.p, -1)
     return quantize(p_tilde * cfg.p_row_scale, cfg.p, -1) / cfg.p_row_scale
@@ -96,6 +99,7 @@ def prepare_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: Att
         k_smooth_t = k.transpose(-1, -2)
     if cfg.hadamard and q.shape[-1]:  # an empty head dim has nothing to rotate
         q, k = rotate(q), rotate(k)
-    return Operands(
-        quantize(q, cfg.q, -1), quantize(k, cfg.k, -1), quantize(v, cfg.v, -2), q_mean, k_smooth_t, k_mean
-    )
+    q, k, v = quantize(q, cfg.q, -1), quantize(k, cfg.k, -1), quantize(v, cfg.v, -2)
+    if cfg.mma == "fp8":  # the fast mode: the values FP8 tensor cores consume (`attention.fast`)
+        q, k, v = fold_operands(q, k, v)
+    return Operands(q, k, v, q_mean, k_smooth_t, k_mean)

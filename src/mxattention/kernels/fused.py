@@ -262,6 +262,10 @@ def _run_chunk(
     from mxattention.kernels.prepass import prepass_qk, prepass_v
     from mxattention.kernels.smoothing import smoothing_correction
 
+    if plan.mma == "fp8":
+        from mxattention.kernels.attention_fwd_fp8 import run_chunk_fp8
+
+        return run_chunk_fp8(plan, plan.chunks[index], query, key, value, out, lse, dbg, mask, is_causal)
     lq, hk, lk, dv = query.shape[2], key.shape[1], key.shape[2], value.shape[3]
     bm, bn, lkp, qe = plan.block_m, plan.block_n, plan.lk_pad, plan.qk_elem  # (the passes' lengths)
     wide = plan.kv_layout == "bf16"

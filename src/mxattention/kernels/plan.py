@@ -34,6 +34,7 @@ import torch
 from mxattention.attention.config import AttentionConfig
 from mxattention.attention.keys import config_from_key
 from mxattention.kernels._triton import HAS_TRITON, kernels_interpreted, sm_count
+from mxattention.kernels.attention_fwd_fp8 import fp8_reason
 from mxattention.kernels.prepass import PassPlan, padded_dim, padded_len, qk_pass, v_pass, varlen_v_len
 from mxattention.kernels.rules import KERNEL_ELEMS, rule_constants
 from mxattention.kernels.specs import BuildFailure, FwdKernel, FwdSpec, KVLayout, MatrixPath, PlanOverrides
@@ -520,6 +521,7 @@ class KernelPlan:
     varlen: str = ""  # "" dense, "kernel" (one launch per 65535 sequences), "per_sequence" (dense calls)
     debug_p: bool = False
     interpreted: bool = False  # Triton's CPU interpreter: fp32 output buffer, torch's final cast
+    mma: str = "exact"  # "fp8": the fast mode's kernel (`attention_fwd_fp8`, docs/fast_mode.md)
     fwd: FwdSpec | None = None  # the forward kernel's launch (`tl_fwd_spec` / `gluon_fwd_spec`)
     # What the plan was made of, for `replan` after a build failure (not part of the plan's value).
     config: AttentionConfig | None = field(default=None, compare=False, repr=False)
@@ -569,7 +571,9 @@ class KernelPlan:
             )
         lines = [
             head,
-            f"  forward: {self.fwd_kernel} kernel, matrix path {self.matrix_path}, K^/V^ {self.kv_layout}",
+            f"  forward: {self.fwd_kernel} kernel, matrix path {self.matrix_path}, K^/V^ {self.kv_layout}"
+            if self.mma == "exact"
+            else "  forward: fp8 kernel (attention_fwd_fp8): Q^ (as bf16), K^, V^, P~ folded into E4M3, FP8 MMAs",
             f"  tiles: {tiles}",
             f"  elements: Q^/K^ {self.qk_elem}, V^ {self.v_elem}, P~ {self.p_elem}"
             f"{' (hardware cast)' if self.p_cvt else ''}, PNQ {self.pnq}, rotation {self.hadamard}, "
@@ -647,6 +651,9 @@ def plan_call(
     d, dv = key.shape[-1], value.shape[-1]
     device_reason = _device_reason(query)
     refusal = _config_reason(cfg, d, dv) or scale_reason(scale)
+    if cfg.mma == "fp8":  # the fast mode: its own kernel, after the bf16 path's pre-pass
+        refusal = refusal or fp8_reason(varlen is not None, cfg.smooth_q)
+        matrix_path, fwd_kernel = "bf16", "tl"
     if varlen is not None and varlen_reason(cfg) is not None:
         # Not the reference: its fp32 correction dot is not the kernels' (`kernels.smoothing`), and
         # a varlen call must equal the dense calls of its sequences wherever they run.
@@ -794,6 +801,7 @@ def plan_call(
         varlen="" if varlen is None else ("kernel" if varlen_kernel else "per_sequence"),
         debug_p=debug_p,
         interpreted=interpreted,
+        mma=cfg.mma,
         fwd=fwd_spec,
         config=cfg,
         call_scale=scale,

@@ -1,0 +1,492 @@
+"""The fast mode's forward (`AttentionConfig.mma == "fp8"`): MX attention on FP8 tensor cores.
+
+Exposes `fp8_reason` (why a call of a fast config does not run here), `fold_pass` (the bf16 Q^ /
+K^ / V^ of the exact pre-pass folded into one-byte E4M3 with their anchors), `fp8_operands`
+(the three of a chunk, with the per-row score scale and the per-column output scale) and
+`mx_attention_fwd_fp8` (the attention kernel). `fused.run_plan` calls `run_chunk_fp8` for a plan
+whose `mma` is "fp8". docs/fast_mode.md says what is computed and why; `attention.fast` is its
+emulation, which the tests compare this kernel with.
+
+- Fold (`formats.fold`): each value x of Q^ (per row), K^ (per KV head) and V^ (per column)
+  becomes f = E4M3(x 2**-a), a = floor(log2 max|x| of its group) - 8, computed from the exact bf16
+  values of the pre-pass with the float adder's rounding (`cast.e4m3_round`, so the bytes do not
+  depend on a conversion's rounding mode: the conversion sees E4M3 values only). V^ is written
+  transposed [Dv, Lk] (Hopper's FP8 wgmma reads its B operand K-major from shared memory).
+- Scores: S = (F_q F_k^T) * rowscale, rowscale = scale log2(e) 2**(a_q + a_k) per query row (fp32,
+  exact: a power of two times the exact path's constant), so the scores are the exact path's
+  wherever the dot sums are; then the exact path's softmax and P~ cast, line for line
+  (`attention_fwd._attend_tile`'s order and roundings).
+- P~: the E2M1 values P^ times 2**8 rounded onto E4M3 (exact for blocks scaled >= 2**-16), one
+  byte each; PNQ's l adds exactly those values. Each key tile's P^ V^ goes to a fresh fp32
+  accumulator and is added to O~: `O~ = O~ alpha + acc` (Hopper's FP8 wgmma accumulates with
+  fewer bits than fp32, so a tile's 4 k-steps are all that share it).
+- Finally O = O~ / l * 2**a_v per column, lse = m + log2(l 2**-8) in natural-log units.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mxattention.kernels._triton import kernels_interpreted, tl, triton
+from mxattention.kernels.attention_fwd import LOG2E, MASK_ADD, MASK_BOOL, MASK_NONE, _mask_scores
+from mxattention.kernels.cast import (
+    block_scale,
+    e2m1_round,
+    e4m3_round,
+    elem_code,
+    exp2_ftz,
+    exp2_int,
+    floor_log2_mantissa,
+)
+
+FOLD_TOP = 8  # formats.fold.FOLD_TOP: a group's largest value folds to 256 or 384
+P_FOLD = 256.0  # 2**formats.fold.P_FOLD_EXP
+NO_ANCHOR = -(2**20)  # the anchor pass's value for a group of zeros: below every real anchor
+FOLD_ROWS = 32  # rows per program of the fold passes
+
+
+def fp8_reason(varlen: bool, smooth_q: bool, debug_p: bool = False) -> str | None:
+    """None if the FP8 forward serves a fast-mode call, else why such a call runs the reference
+    (the emulation, the same numerics): varlen calls and Q smoothing are not implemented here."""
+    if varlen:
+        return "the FP8 fast mode's kernel serves dense calls; varlen calls of it run the reference"
+    if smooth_q:
+        return "the FP8 fast mode's kernel does not smooth Q"
+    return None
+
+
+@triton.jit
+def _finite_abs(x):
+    """|x| with NaN / Inf as 0: the anchors ignore values that are not finite."""
+    a = tl.abs(x)
+    return tl.where(a < float("inf"), a, 0.0)
+
+
+@triton.jit
+def _anchor_of(amax):
+    """floor(log2 amax) - FOLD_TOP (int32) for fp32 amax >= 0, NO_ANCHOR for amax = 0."""
+    e, _m = floor_log2_mantissa(tl.where(amax > 0, amax, 1.0))
+    return tl.where(amax > 0, e - 8, -1048576)
+
+
+@triton.jit
+def _fold_values(x, a):
+    """E4M3 values of x 2**-a (fp32, signed; NaN kept): two exact power-of-two multiplies (each
+    half of -a within [-68, 68]), then round to nearest even on E4M3 by the float adder."""
+    na = -a
+    h = tl.where(na >= 0, na // 2, -((-na + 1) // 2))
+    f = x * exp2_int(h) * exp2_int(na - h)
+    r = e4m3_round(tl.abs(f))
+    return tl.where(f < 0, -r, r)
+
+
+@triton.jit
+def _e4m3_bytes(r, BY_BITS: tl.constexpr):
+    """float8e4nv of fp32 E4M3 values r (exact, |r| <= 448, or NaN). BY_BITS: the byte built from
+    the bits (`cast.elem_code`, the sign, 0x7F for NaN), the same on every target (Triton 3.9's
+    interpreter converts NaN to 256); else the target's conversion, exact on such values."""
+    if BY_BITS:
+        code = elem_code(tl.abs(r), "e4m3") + tl.where(r < 0, 128, 0)
+        code = tl.where(r != r, 0x7F, code)
+        return code.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+    else:
+        return r.to(tl.float8e4nv)
+
+
+@triton.jit
+def _fold_anchor_kernel(X, A, L, DP: tl.constexpr, BL: tl.constexpr, PER_ROW: tl.constexpr):
+    """Anchors of X [BH, L, DP] (bf16, exact MX values): PER_ROW, one per row into A [BH, L]; else
+    one per column of this program's BL rows into A [BH, L / BL, DP] (reduced by the host)."""
+    pid = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    rows = pid * BL + tl.arange(0, BL)
+    cols = tl.arange(0, DP)
+    x = tl.load(X + (bh * L + rows[:, None]) * DP + cols[None, :]).to(tl.float32)
+    if PER_ROW:
+        tl.store(A + bh * L + rows, _anchor_of(tl.max(_finite_abs(x), 1)))
+    else:
+        tl.store(A + (bh * (L // BL) + pid) * DP + cols, _anchor_of(tl.max(_finite_abs(x), 0)))
+
+
+@triton.jit
+def _fold_kernel(X, F, A, L, DP: tl.constexpr, BL: tl.constexpr, ANCHORS: tl.constexpr, TRANS: tl.constexpr):
+    """F = E4M3(X 2**-a) for X [BH, L, DP] (bf16, exact MX values). ANCHORS: 0 one per row, computed
+    here and stored into A [BH, L]; 1 one per head, read from A [BH]; 2 one per column, read from
+    A [BH, DP]. TRANS: F is [BH, DP, L] (V^), else [BH, L, DP]. Groups of zeros fold with anchor 0."""
+    pid = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    rows = pid * BL + tl.arange(0, BL)
+    cols = tl.arange(0, DP)
+    x = tl.load(X + (bh * L + rows[:, None]) * DP + cols[None, :]).to(tl.float32)
+    if ANCHORS == 0:
+        a = _anchor_of(tl.max(_finite_abs(x), 1))
+        a = tl.where(a == -1048576, 0, a)
+        tl.store(A + bh * L + rows, a)
+        a = a[:, None]
+    elif ANCHORS == 1:
+        a = tl.load(A + bh)
+    else:
+        a = tl.load(A + bh * DP + cols)[None, :]
+    f = _e4m3_bytes(_fold_values(x, a), True)
+    if TRANS:
+        tl.store(F + (bh * DP + cols[None, :]) * L + rows[:, None], f)
+    else:
+        tl.store(F + (bh * L + rows[:, None]) * DP + cols[None, :], f)
+
+
+def _no_anchor_to_zero(a: torch.Tensor) -> torch.Tensor:
+    return torch.where(a == NO_ANCHOR, 0, a)
+
+
+def fold_pass(x: torch.Tensor, anchors: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(F, a) for a bf16 pre-pass output x [B, H, Lp, Dp] (Lp a multiple of 32): `anchors` "row" (Q^:
+    F [B, H, Lp, Dp], a int32 [B, H, Lp]), "head" (K^: F likewise, a [B, H]) or "column" (V^:
+    F transposed [B, H, Dp, Lp], a [B, H, Dp]). F is float8_e4m3fn, `formats.fold.fold`'s values."""
+    b, h, lp, dp = x.shape
+    assert lp % FOLD_ROWS == 0 and x.is_contiguous() and anchors in ("row", "head", "column")
+    grid = (lp // FOLD_ROWS, b * h)
+    dev = x.device
+    if anchors == "row":
+        f = torch.empty((b, h, lp, dp), dtype=torch.float8_e4m3fn, device=dev)
+        a = torch.empty((b, h, lp), dtype=torch.int32, device=dev)
+        _fold_kernel[grid](x, f, a, lp, DP=dp, BL=FOLD_ROWS, ANCHORS=0, TRANS=False)
+        return f, a
+    if anchors == "head":
+        rows = torch.empty((b, h, lp), dtype=torch.int32, device=dev)
+        _fold_anchor_kernel[grid](x, rows, lp, DP=dp, BL=FOLD_ROWS, PER_ROW=True)
+        a = _no_anchor_to_zero(rows.amax(dim=-1)).contiguous()
+        f = torch.empty((b, h, lp, dp), dtype=torch.float8_e4m3fn, device=dev)
+        _fold_kernel[grid](x, f, a, lp, DP=dp, BL=FOLD_ROWS, ANCHORS=1, TRANS=False)
+        return f, a
+    part = torch.empty((b, h, lp // FOLD_ROWS, dp), dtype=torch.int32, device=dev)
+    _fold_anchor_kernel[grid](x, part, lp, DP=dp, BL=FOLD_ROWS, PER_ROW=False)
+    a = _no_anchor_to_zero(part.amax(dim=-2)).contiguous()
+    f = torch.empty((b, h, dp, lp), dtype=torch.float8_e4m3fn, device=dev)
+    _fold_kernel[grid](x, f, a, lp, DP=dp, BL=FOLD_ROWS, ANCHORS=2, TRANS=True)
+    return f, a
+
+
+def pow2_f32(e: torch.Tensor, c: float = 1.0) -> torch.Tensor:
+    """fp32 c * 2**e for int tensors e (computed in float64, then rounded once: exact wherever the
+    result is a normal fp32)."""
+    return torch.ldexp(torch.tensor(c, dtype=torch.float64, device=e.device), e.double()).float()
+
+
+@triton.jit
+def _fp8_tile(
+    m,
+    l,
+    o_tilde,
+    q8,
+    c,
+    K8,
+    V8,
+    k_base,
+    v_rows,
+    start_n,
+    offs_m,
+    Lq,
+    Lk,
+    mask_base,
+    stride_mm,
+    stride_mn,
+    Pdbg,
+    dbg_row,
+    BN: tl.constexpr,
+    DQ: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    MASK_MODE: tl.constexpr,
+    PNQ: tl.constexpr,
+    CEIL: tl.constexpr,
+    Q_EXP: tl.constexpr,
+    Q_MANT: tl.constexpr,
+    EXP_FLUSH: tl.constexpr,
+    DEBUG_P: tl.constexpr,
+    QK_ACC: tl.constexpr,
+    PV_ACC: tl.constexpr,
+    P_CVT: tl.constexpr,
+):
+    """One key tile (`attention_fwd._attend_tile` on folded E4M3 operands): (m, l, o_tilde) after keys
+    [start_n, start_n + BN); l and o_tilde in folded units (x 2**8, V^ per column x 2**-a_v)."""
+    BM: tl.constexpr = q8.shape[0]
+    offs_n = start_n + tl.arange(0, BN)
+    k8 = tl.load(K8 + (k_base + offs_n[:, None]) * DQ + tl.arange(0, DQ)[None, :])
+    s = tl.dot(q8, tl.trans(k8), max_num_imprecise_acc=QK_ACC)
+    if MASKED and MASK_MODE == 2:
+        s = s * c[:, None]  # additive masks are added in log2 units, to scaled scores
+        s = _mask_scores(s, offs_m, offs_n, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, MASK_MODE)
+        c = tl.full([BM], 1.0, tl.float32)
+    elif MASKED:
+        s = _mask_scores(s, offs_m, offs_n, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, MASK_MODE)
+    # As the exact kernel: block maxima from the scores, the two roundings (s * c, then - m).
+    s3 = tl.reshape(s, [BM, BN // 32, 32])
+    s_blk = tl.max(s3, 2)
+    m_new = tl.maximum(m, tl.max(s_blk, 1) * c)
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = exp2_ftz(m - m_use, EXP_FLUSH)
+    p3 = exp2_ftz(s3 * c[:, None, None] - m_use[:, None, None], EXP_FLUSH)
+    p_blk = exp2_ftz(s_blk * c[:, None] - m_use[:, None], EXP_FLUSH)
+    two_e = block_scale(p_blk, CEIL, Q_EXP, Q_MANT)
+    # P^ (exact E2M1 values), then folded: x 2**8 (exact) rounded onto E4M3 (exact for scales >= 2**-16).
+    r3 = e2m1_round(p3, two_e[:, :, None]) * 256.0
+    if P_CVT:
+        # The hardware's rounding conversion (checked equal to `cast.e4m3_round` on every fp32 in
+        # [0, 2**9], targets.HW_E4M3_CAST), one instruction per pair, and back for l: l adds exactly
+        # the bytes the MMA reads.
+        p8 = tl.reshape(r3.to(tl.float8e4nv, fp_downcast_rounding="rtne"), [BM, BN])
+        f = p8.to(tl.float32)
+        f3 = tl.reshape(f, [BM, BN // 32, 32])
+    else:
+        f3 = e4m3_round(r3)
+        f = tl.reshape(f3, [BM, BN])
+        # (EXP_FLUSH is set on the interpreter, whose float8 conversion of NaN is wrong: bytes by bits there)
+        p8 = _e4m3_bytes(f, EXP_FLUSH)
+    if DEBUG_P:
+        tl.store(Pdbg + dbg_row + offs_n[None, :], f * 0.00390625, mask=offs_m[:, None] < Lq)
+    v8 = tl.load(V8 + v_rows + offs_n[None, :])  # [DV, BN]: keys contiguous (K-major B operand)
+    acc = tl.dot(p8, tl.trans(v8), max_num_imprecise_acc=PV_ACC)
+    if PNQ:
+        l = alpha * l + tl.sum(tl.sum(f3, 1), 1)
+    else:
+        l = alpha * l + tl.sum(tl.reshape(p3, [BM, BN]), 1) * 256.0
+    o_tilde = o_tilde * alpha[:, None] + acc
+    return m_new, l, o_tilde
+
+
+@triton.jit
+def _fp8_attention_kernel(
+    Q8,
+    RowScale,
+    K8,
+    V8,
+    ColScale,
+    Mask,
+    Out,
+    Lse,
+    Pdbg,
+    Lq,
+    Lk,
+    Dv,
+    H,
+    GROUP,
+    LQP,
+    LKP,
+    stride_mb,
+    stride_mh,
+    stride_mm,
+    stride_mn,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_od,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    DQ: tl.constexpr,
+    DV: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    MASK_MODE: tl.constexpr,
+    PNQ: tl.constexpr,
+    CEIL: tl.constexpr,
+    Q_EXP: tl.constexpr,
+    Q_MANT: tl.constexpr,
+    OUT_MAX: tl.constexpr,
+    EXP_FLUSH: tl.constexpr,
+    DEBUG_P: tl.constexpr,
+    QK_ACC: tl.constexpr,
+    PV_ACC: tl.constexpr,
+    P_CVT: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    bhk = b * (H // GROUP) + h // GROUP  # GQA: the KV head, no copy
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_dv = tl.arange(0, DV)
+    q_rows = bh.to(tl.int64) * LQP + offs_m
+    q8 = tl.load(Q8 + q_rows[:, None] * DQ + tl.arange(0, DQ)[None, :])
+    c = tl.load(RowScale + q_rows)  # scale log2(e) 2**(a_q + a_k), per row
+    k_base = bhk.to(tl.int64) * LKP
+    v_rows = (bhk.to(tl.int64) * DV + offs_dv[:, None]) * LKP
+    dbg_row = (bh.to(tl.int64) * Lq + offs_m[:, None]) * LKP
+    m = tl.full([BM], float("-inf"), tl.float32)
+    l = tl.zeros([BM], tl.float32)
+    o_tilde = tl.zeros([BM, DV], tl.float32)
+    mask_base = Mask + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
+    hi = Lk
+    full = 0
+    if MASK_MODE == 0:
+        full = Lk // BN * BN
+    if CAUSAL:
+        hi = tl.minimum(Lk, (pid_m + 1) * BM)
+        full = tl.minimum(full, (pid_m * BM + 1) // BN * BN)
+    for start_n in tl.range(0, full, BN):
+        m, l, o_tilde = _fp8_tile(
+            m, l, o_tilde, q8, c, K8, V8, k_base, v_rows, start_n, offs_m, Lq, Lk, mask_base, stride_mm,
+            stride_mn, Pdbg, dbg_row, BN, DQ, False, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, EXP_FLUSH,
+            DEBUG_P, QK_ACC, PV_ACC, P_CVT,
+        )  # fmt: skip
+    for start_n in tl.range(full, hi, BN, num_stages=1):
+        m, l, o_tilde = _fp8_tile(
+            m, l, o_tilde, q8, c, K8, V8, k_base, v_rows, start_n, offs_m, Lq, Lk, mask_base, stride_mm,
+            stride_mn, Pdbg, dbg_row, BN, DQ, True, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, EXP_FLUSH,
+            DEBUG_P, QK_ACC, PV_ACC, P_CVT,
+        )  # fmt: skip
+    empty = l == 0.0
+    colscale = tl.load(ColScale + bhk.to(tl.int64) * DV + offs_dv)  # 2**a_v per output column
+    out = o_tilde / tl.where(empty, 1.0, l)[:, None] * colscale[None, :]
+    out = tl.where(empty[:, None], 0.0, out)
+    optr = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    optr = optr + offs_m[:, None].to(tl.int64) * stride_om + offs_dv[None, :] * stride_od
+    if OUT_MAX > 0:  # saturate, as attention.reference.cast_output
+        out = tl.minimum(
+            tl.maximum(out, -OUT_MAX, propagate_nan=tl.PropagateNan.ALL),
+            OUT_MAX,
+            propagate_nan=tl.PropagateNan.ALL,
+        )
+    tl.store(optr, out.to(Out.dtype.element_ty), mask=(offs_m[:, None] < Lq) & (offs_dv[None, :] < Dv))
+    l_true = l * 0.00390625  # l in P~'s units (exact)
+    lse = tl.where(
+        empty, float("-inf"), (m + tl.math.log2(tl.where(empty, 1.0, l_true))) * 0.6931471805599453
+    )
+    tl.store(Lse + bh.to(tl.int64) * Lq + offs_m, lse, mask=offs_m < Lq)
+
+
+def fp8_operands(q_bf16: torch.Tensor, k_bf16: torch.Tensor, v_bf16: torch.Tensor, scale: float, group: int):
+    """(q8, rowscale, k8, v8t, colscale) from the exact pre-pass's bf16 Q^ [B, Hq, LQP, DQ], K^
+    [B, Hkv, LKP, DQ], V^ [B, Hkv, LKP, DVP]: the folded bytes, rowscale fp32 [B, Hq, LQP] =
+    scale log2(e) 2**(a_q + a_k), colscale fp32 [B, Hkv, DVP] = 2**a_v."""
+    q8, aq = fold_pass(q_bf16, "row")
+    k8, ak = fold_pass(k_bf16, "head")
+    v8t, av = fold_pass(v_bf16, "column")
+    c = float(torch.tensor(scale * LOG2E, dtype=torch.float32))
+    rowscale = pow2_f32(aq + ak.repeat_interleave(group, dim=1)[..., None], c)
+    return q8, rowscale, k8, v8t, pow2_f32(av)
+
+
+def fwd_fp8_call(
+    q8: torch.Tensor,
+    rowscale: torch.Tensor,
+    k8: torch.Tensor,
+    v8t: torch.Tensor,
+    colscale: torch.Tensor,
+    *,
+    lq: int,
+    lk: int,
+    dv: int,
+    group: int,
+    out: torch.Tensor,
+    p_rule: tuple[bool, int, int],
+    pnq: bool,
+    block_n: int,
+    is_causal: bool = False,
+    mask: torch.Tensor | None = None,
+    block_m: int = 128,
+    num_warps: int = 8,
+    num_stages: int = 2,
+    debug_p: torch.Tensor | None = None,
+    qk_acc: int | None = None,
+    pv_acc: int | None = None,
+    p_cvt: bool = False,
+) -> tuple[torch.Tensor, tuple[int, int], tuple, dict]:
+    """(lse, grid, positional arguments, keyword arguments) of the FP8 kernel's launch on
+    `fp8_operands` (see `mx_attention_fwd_fp8`); `build_fp8` compiles the same launch offline."""
+    bsz, hq, lqp, dq = q8.shape
+    lkp, dvp = k8.shape[2], v8t.shape[2]
+    assert lqp % block_m == 0 and lkp % block_n == 0, (lqp, lkp, block_m, block_n)
+    lse = torch.empty((bsz, hq, lq), dtype=torch.float32, device=q8.device)
+    if mask is None:
+        mask_mode, mask_arg, mstrides = MASK_NONE, lse, (0, 0, 0, 0)
+    elif mask.dtype == torch.bool:
+        mask_mode, mask_arg, mstrides = MASK_BOOL, mask.view(torch.uint8), mask.stride()
+    else:
+        mask_mode, mask_arg, mstrides = MASK_ADD, mask, mask.stride()
+    ceil, q_exp, q_mant = p_rule
+    args = (
+        q8, rowscale, k8, v8t, colscale, mask_arg, out, lse, lse if debug_p is None else debug_p,
+        lq, lk, dv, hq, group, lqp, lkp, *mstrides, *out.stride(),
+    )  # fmt: skip
+    kwargs = dict(
+        BM=block_m, BN=block_n, DQ=dq, DV=dvp, CAUSAL=is_causal, MASK_MODE=mask_mode, PNQ=pnq, CEIL=ceil,
+        Q_EXP=q_exp, Q_MANT=q_mant,
+        OUT_MAX=torch.finfo(out.dtype).max if out.dtype in (torch.float16, torch.bfloat16) else 0.0,
+        EXP_FLUSH=kernels_interpreted(), DEBUG_P=debug_p is not None, QK_ACC=qk_acc, PV_ACC=pv_acc,
+        P_CVT=p_cvt, num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=False,
+    )  # fmt: skip
+    return lse, (lqp // block_m, bsz * hq), args, kwargs
+
+
+def mx_attention_fwd_fp8(*operands: torch.Tensor, **kwargs) -> torch.Tensor:
+    """Run the FP8 attention kernel on `fp8_operands` (q8, rowscale, k8, v8t, colscale); writes `out`
+    [B, Hq, Lq, Dv], returns lse [B, Hq, Lq] (fp32, natural log). Keywords of `fwd_fp8_call`:
+    `mask` None or a [B, Hq, Lq, Lk] broadcast view (bool or additive); `qk_acc` / `pv_acc` Triton's
+    max_num_imprecise_acc of the two dots (None: the target's default, on sm_90 every k-step of a dot
+    in Hopper's FP8 accumulator; 32 adds each k-step to an fp32 accumulator); `p_cvt` P~'s E4M3
+    rounding by the hardware conversion (only where `targets.hw_e4m3_cast` says it is exact); `debug_p` fp32
+    [B, Hq, Lq, LKP] receiving the folded P^ in P~'s units."""
+    lse, grid, args, kw = fwd_fp8_call(*operands, **kwargs)
+    _fp8_attention_kernel[grid](*args, **kw)
+    return lse
+
+
+def build_fp8(target, d: int = 128, n: int = 16384, heads: int = 40, causal: bool = False, **options):
+    """(compiled kernel, ptxas log) of the FP8 kernel's launch for one batch of `heads` x `n` x `d`
+    (mxattention-fast, the plan's tiles for `target` unless `options` give block_m / num_warps /
+    num_stages / qk_acc / pv_acc), built offline by `codegen.compile_offline`: no GPU needed."""
+    from mxattention.attention.config import get_method
+    from mxattention.kernels.codegen import compile_offline
+    from mxattention.kernels.plan import launch_config
+    from mxattention.kernels.prepass import padded_dim, padded_len
+    from mxattention.kernels.rules import rule_constants
+    from mxattention.kernels.targets import hw_e4m3_cast
+
+    cfg = get_method("mxattention-fast")
+    bm, _path, _layout, warps, stages, _opts = launch_config(target, d, d, "bf16")
+    bm = options.pop("block_m", bm)
+    dp, bn = padded_dim(d), cfg.block_n
+    lqp, lkp = padded_len(n, max(bm, 128)), padded_len(n, max(bn, 128))
+    f8, f32 = torch.float8_e4m3fn, torch.float32
+    ops = (
+        torch.empty(1, heads, lqp, dp, dtype=f8), torch.empty(1, heads, lqp, dtype=f32),
+        torch.empty(1, heads, lkp, dp, dtype=f8), torch.empty(1, heads, dp, lkp, dtype=f8),
+        torch.empty(1, heads, dp, dtype=f32),
+    )  # fmt: skip
+    pr = rule_constants(cfg.p.rule, cfg.p.elem)
+    kw = dict(num_warps=warps, num_stages=stages, p_cvt=hw_e4m3_cast(target)) | options
+    _lse, _grid, args, kwargs = fwd_fp8_call(
+        *ops, lq=n, lk=n, dv=d, group=1, out=torch.empty(1, heads, n, d, dtype=torch.bfloat16),
+        p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=cfg.pnq, block_n=bn, is_causal=causal, block_m=bm, **kw,
+    )  # fmt: skip
+    kwargs["EXP_FLUSH"] = False  # a compiled build (the launcher's value off the interpreter)
+    return compile_offline(_fp8_attention_kernel, args, kwargs, target)
+
+
+def run_chunk_fp8(plan, chunk, query, key, value, out, lse, dbg, mask, is_causal) -> tuple:
+    """`fused._run_chunk` for a plan whose `mma` is "fp8": the exact pre-pass (bf16 Q^, K^, V^), the
+    fold passes, the FP8 kernel; writes this chunk's slices of out, lse (and dbg); returns the
+    operands, which the caller keeps referenced while the kernel may read them."""
+    from mxattention.kernels.prepass import prepass_qk, prepass_v
+    from mxattention.kernels.targets import hw_e4m3_cast
+
+    lq, hk, lk, dv = query.shape[2], key.shape[1], key.shape[2], value.shape[3]
+    group = query.shape[1] // hk
+    q_rule, k_rule, v_rule = plan.rules
+    (b0, b1), (h0, h1) = chunk.batches, chunk.kv_heads
+    bs, kv, qh = slice(b0, b1), slice(h0, h1), slice(h0 * group, h1 * group)
+    lm, ln = max(plan.block_m, 128), max(plan.block_n, 128)
+    qb = prepass_qk(query[bs, qh], q_rule, hadamard=plan.hadamard, len_multiple=lm, out_bf16=True)
+    kb = prepass_qk(key[bs, kv], k_rule, hadamard=plan.hadamard, len_multiple=ln, out_bf16=True)
+    vb = prepass_v(value[bs, kv], v_rule, len_multiple=ln, out_bf16=True)
+    ops = fp8_operands(qb, kb, vb, plan.scale, group)
+    del qb, kb, vb
+    dbg_chunk = None if dbg is None else torch.zeros_like(dbg[bs, qh])
+    lse[bs, qh] = mx_attention_fwd_fp8(
+        *ops, lq=lq, lk=lk, dv=dv, group=group, out=out[bs, qh], p_rule=plan.p_rule, pnq=plan.pnq,
+        block_n=plan.block_n, is_causal=is_causal, mask=None if mask is None else mask[bs, qh],
+        block_m=plan.block_m, num_warps=plan.num_warps, num_stages=plan.num_stages, debug_p=dbg_chunk,
+        p_cvt=hw_e4m3_cast(plan.target),
+    )  # fmt: skip
+    if dbg is not None:
+        dbg[bs, qh] = dbg_chunk
+    return ops

@@ -1,0 +1,96 @@
+"""The fast mode's kernel (`kernels.attention_fwd_fp8`) against its emulation (`attention.fast` in the
+reference), docs/fast_mode.md. On Triton's interpreter the FP8 dots are exact fp32 dots, so kernel
+and emulation differ only as the exact kernel and the reference do (fp32 summation order, exp2 vs
+exp): the bounds of test_attention_kernel.py. On the H200 the FP8 wgmma accumulates with fewer bits
+(benchmarks/check_fp8_gpu.py measures it)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from mxattention.attention.config import get_method
+from mxattention.attention.reference import reference_attention
+from mxattention.formats.fold import fold
+from mxattention.formats.mx import fake_quantize
+from mxattention.kernels.attention_fwd_fp8 import fold_pass
+from mxattention.kernels.plan import plan_call
+
+from .helpers import compare, qkv
+
+FAST = get_method("mxattention-fast")
+
+
+def _check(c):
+    assert torch.isfinite(c.out).all()
+    assert c.rel_l2 <= 1e-3 * c.quant_rel_l2, (c.rel_l2, c.quant_rel_l2)
+    assert c.p_differ <= 1e-3 * c.p_decisions
+    # (plus fp32 ulps of large lse: keys scaled by up to 2**9 give scores ~2e3)
+    big = c.ref_lse[torch.isfinite(c.ref_lse)].abs().max().item()
+    assert c.lse_max_abs <= 1e-4 + 1e-6 * big + 0.6 * c.max_row_flips
+    assert torch.equal(torch.isneginf(c.lse), torch.isneginf(c.ref_lse))
+
+
+def test_kernel_matches_the_emulation_with_blocks_outside_the_fold(device):
+    q, k, v = qkv(1, 2, 1, 45, 100, 64, seed=3)  # GQA, lengths not tile multiples
+    g = torch.Generator().manual_seed(4)
+    k = k * torch.exp2(torch.randint(-9, 10, (1, 1, 100, 1), generator=g).float())  # keys over 18 binades
+    v[:, :, 32:64] *= 2.0**-20  # a V block 20 binades under its columns' tops
+    c = compare(q, k, v, FAST, device=device)
+    _check(c)
+    # The kernel follows the fold, not the exact method: here the two differ.
+    kr, vr = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    exact, _ = reference_attention(q, kr, vr, get_method("mxattention"), scale=64**-0.5)
+    gap = ((c.ref_out.cpu() - exact).norm() / exact.norm()).item()
+    assert gap > 0 and c.rel_l2 <= 1e-3 * gap, (c.rel_l2, gap)
+
+
+@pytest.mark.parametrize("masking", ["causal+bool", "additive"])
+def test_kernel_matches_the_emulation_masked(masking, device):
+    q, k, v = qkv(1, 1, 1, 40, 70, 32, seed=5)
+    g = torch.Generator().manual_seed(6)
+    if masking == "additive":
+        mask = torch.randn(1, 1, 40, 70, generator=g)
+        _check(compare(q, k, v, FAST.with_tiles(block_n=32), mask=mask, device=device))
+    else:
+        mask = torch.rand(1, 1, 40, 70, generator=g) > 0.3
+        _check(compare(q, k, v, FAST, mask=mask, is_causal=True, device=device))
+
+
+def _mx_bf16(shape, axis, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g)
+    x = x * torch.exp2(torch.randint(-12, 13, (*shape[:-2], shape[-2], 1), generator=g).float())
+    return fake_quantize(x, axis).to(torch.bfloat16)  # MX values are exact in bf16
+
+
+@pytest.mark.parametrize(
+    "anchors,dims,axis", [("row", (-1,), -1), ("head", (-2, -1), -1), ("column", (-2,), -2)]
+)
+def test_fold_pass_bytes_equal_formats_fold(anchors, dims, axis, device):
+    x = _mx_bf16((1, 2, 64, 32), axis, seed=7)
+    x[0, 0, 5] = 0.0  # a zero row
+    x[0, 1, 3, 7] = float("nan")
+    x[0, 1, 10:] = 0.0  # zero rows: they must not lift the head's anchor
+    x[0, 1, :10] *= 2.0**-30
+    f8, a = fold_pass(x.to(device).contiguous(), anchors)
+    f, ra = fold(x.float(), dims)
+    got = f8.float().cpu()
+    if anchors == "column":
+        got = got.transpose(-1, -2)
+    assert torch.equal(a.cpu(), ra.reshape(a.shape))
+    assert torch.equal(torch.nan_to_num(got, nan=1e9), torch.nan_to_num(f, nan=1e9))
+
+
+def test_plan_names_the_fast_kernel_and_refuses_what_it_does_not_serve():
+    q, k, v = qkv(1, 2, 2, 20, 30, 64)
+    plan = plan_call(FAST, q, k, v, scale=0.125)
+    assert plan.mma == "fp8" and "fp8 kernel" in plan.describe()
+    assert plan_call(get_method("mxattention"), q, k, v, scale=0.125).mma == "exact"
+    smooth = dataclasses.replace(FAST, smooth_q=True, name="fast-smooth")
+    assert "does not smooth Q" in plan_call(smooth, q, k, v, scale=0.125).refusal
+    cu = torch.tensor([0, 20], dtype=torch.int32)
+    packed = [x[0].transpose(0, 1) for x in (q, k, v)]
+    assert "dense calls" in plan_call(FAST, *packed, scale=0.125, varlen=(cu, cu, 20, 20)).refusal

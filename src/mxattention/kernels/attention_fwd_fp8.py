@@ -43,6 +43,11 @@ FOLD_TOP = 8  # formats.fold.FOLD_TOP: a group's largest value folds to 256 or 3
 P_FOLD = 256.0  # 2**formats.fold.P_FOLD_EXP
 NO_ANCHOR = -(2**20)  # the anchor pass's value for a group of zeros: below every real anchor
 FOLD_ROWS = 32  # rows per program of the fold passes
+# P~'s rounding onto E4M3 by the hardware conversion (`targets.hw_e4m3_cast`) is off: on the H200
+# (Triton 3.6, 2026-12-03, benchmarks/check_fp8_gpu.py's row-sum case, V = identity on outlier-heavy
+# fp32 Q, K) it gave NaN rows where the software rounding and the emulation are finite; the software
+# rounding costs ~15 % of the kernel's time there (benchmarks/NOTES.md). Off until the case is understood.
+HW_P_CAST = False
 
 
 def fp8_reason(varlen: bool, smooth_q: bool, debug_p: bool = False) -> str | None:
@@ -453,7 +458,7 @@ def build_fp8(target, d: int = 128, n: int = 16384, heads: int = 40, causal: boo
         torch.empty(1, heads, dp, dtype=f32),
     )  # fmt: skip
     pr = rule_constants(cfg.p.rule, cfg.p.elem)
-    kw = dict(num_warps=warps, num_stages=stages, p_cvt=hw_e4m3_cast(target)) | options
+    kw = dict(num_warps=warps, num_stages=stages, p_cvt=HW_P_CAST and hw_e4m3_cast(target)) | options
     _lse, _grid, args, kwargs = fwd_fp8_call(
         *ops, lq=n, lk=n, dv=d, group=1, out=torch.empty(1, heads, n, d, dtype=torch.bfloat16),
         p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=cfg.pnq, block_n=bn, is_causal=causal, block_m=bm, **kw,
@@ -485,7 +490,7 @@ def run_chunk_fp8(plan, chunk, query, key, value, out, lse, dbg, mask, is_causal
         *ops, lq=lq, lk=lk, dv=dv, group=group, out=out[bs, qh], p_rule=plan.p_rule, pnq=plan.pnq,
         block_n=plan.block_n, is_causal=is_causal, mask=None if mask is None else mask[bs, qh],
         block_m=plan.block_m, num_warps=plan.num_warps, num_stages=plan.num_stages, debug_p=dbg_chunk,
-        p_cvt=hw_e4m3_cast(plan.target),
+        p_cvt=HW_P_CAST and hw_e4m3_cast(plan.target),
     )  # fmt: skip
     if dbg is not None:
         dbg[bs, qh] = dbg_chunk

@@ -90,6 +90,8 @@ OUT_TMA = True
 if HAS_GLUON:
     # A scalar kernel argument: Triton passes an integer equal to 1 as a constexpr.
     _Int = gl.tensor | gl.constexpr
+    # The fields' order is the order in which a worker partition receives its values, which ptxas's
+    # schedule follows: it keeps that of the ungrouped arguments (same SASS, benchmarks/sass_fingerprint.py).
 
     @aggregate
     class KVRing:
@@ -148,9 +150,9 @@ if HAS_GLUON:
         tiles, CAST = (PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, EXP_FLUSH) (constexprs: P~'s ladder
         and rule, `online_softmax.p_tile`; PNQ: l sums Q(P~))."""
 
-        qk_scale: gl.tensor
         Lk: _Int
         n_tiles: _Int
+        qk_scale: gl.tensor
         CAST: gl.tuple
 
         def __init__(self, qk_scale, Lk, n_tiles, CAST):
@@ -168,14 +170,14 @@ if HAS_GLUON:
 
         Out: gl.tensor
         Lse: gl.tensor
-        o_desc: tma.tensor_descriptor | gl.constexpr
-        b: gl.tensor
-        h: gl.tensor
+        Lq: _Int
         out_base: gl.tensor
         lse_base: gl.tensor
         stride_om: _Int
         stride_od: _Int
-        Lq: _Int
+        o_desc: tma.tensor_descriptor | gl.constexpr
+        b: gl.tensor
+        h: gl.tensor
         OUT_MAX: gl.constexpr
         O_TMA: gl.constexpr
 

@@ -11,7 +11,9 @@ opcode sequence (the order too). Run it before and after a change, with each Tri
     PYTHONPATH=$PWD/src python benchmarks/sass_fingerprint.py --compare /tmp/before_39.json
 
 `--compare` prints each build's differences (histogram deltas, registers, spills) and exits 1 if
-any build differs. Builds are codegen specs (`codegen.parse_spec`) plus variants no spec names
+any build differs. Builds carry line info as launches do; ptxas's schedule can follow it, so a
+moved function may reorder instructions with identical PTX code: `TRITON_DISABLE_LINE_INFO=1` on
+both runs tells the two apart. Builds are codegen specs (`codegen.parse_spec`) plus variants no spec names
 (masks, varlen, fp32 output, the Gluon forward's test-only schedules): `--list` prints them.
 """
 

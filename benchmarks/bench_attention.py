@@ -199,6 +199,7 @@ def uncast_kernel():
     import triton.language as tl
 
     from mxattention.kernels import attention_fwd as fwd
+    from mxattention.kernels import online_softmax
 
     def _no_round(p, two_e, ELEM: tl.constexpr, CVT: tl.constexpr):
         return p
@@ -211,7 +212,8 @@ def uncast_kernel():
         copy.__annotations__ = dict(fn.__annotations__)  # the constexpr marks (compiled Triton reads them)
         return triton.jit(copy)
 
-    tile = variant(fwd._attend_tile, elem_round=variant(_no_round))
+    step = variant(online_softmax.p_tile, elem_round=variant(_no_round))
+    tile = variant(fwd._attend_tile, p_tile=step)
     return variant(fwd._mx_attention_fwd_kernel, _attend_tile=tile)
 
 

@@ -1,6 +1,7 @@
 """Optional Triton import: the package imports without Triton; kernels need it.
 
-Exposes `HAS_TRITON`, `triton`, `tl`, `kernels_interpreted()` and `sm_count(device)` (the SMs that
+Exposes `HAS_TRITON`, `triton`, `tl`, `aggregate` (Triton's device-side struct decorator under one
+name for every supported Triton), `kernels_interpreted()` and `sm_count(device)` (the SMs that
 launch grids are sized against). Without Triton, `triton` and `tl` are `_Absent` stand-ins: the kernel
 modules still import (their decorators, constexpr constants and annotations evaluate), and a kernel
 that is launched anyway raises `TritonMissingError` naming the install command. The callers never get
@@ -14,6 +15,7 @@ which it is.
 from __future__ import annotations
 
 import functools
+import typing
 
 INSTALL_HINT = "pip install 'mxattention[gpu]'"
 
@@ -58,6 +60,23 @@ except ImportError:  # the CPU install without the `gpu` extra
     triton = _Absent("triton")  # type: ignore[assignment]
     tl = _Absent("triton.language")  # type: ignore[assignment]
     HAS_TRITON = False
+
+
+def aggregate(cls: type) -> type:
+    """`triton.aggregate` (Gluon's `gluon.aggregate`; Triton 3.6 has it only as
+    `triton.language.core._aggregate`): a class whose annotated fields travel into jit functions as
+    one argument, constexpr fields staying constexpr. The annotations are resolved first: Triton
+    3.6 checks every field with isinstance against them, and modules written with `from __future__
+    import annotations` hold them as strings. A class's own `__init__` (3.6 needs one; it only
+    assigns fields) is marked as Triton's generated one is, which the kernel cache key then skips
+    (3.9 refuses a plain function there). Without Triton the class is returned unchanged."""
+    if not HAS_TRITON:
+        return cls
+    make = getattr(triton, "aggregate", None) or tl.core._aggregate
+    cls.__annotations__ = typing.get_type_hints(cls)
+    if "__init__" in cls.__dict__:
+        cls.__init__.__triton_builtin__ = True
+    return make(cls)
 
 
 if HAS_TRITON:

@@ -26,6 +26,9 @@ P~, V and Q^ / K^ take their own element ladder (constexprs P_ELEM, V_ELEM, QK_E
 domain p 2**-e (`cast.elem_round`: its normal binades reach fp32's subnormals), two multiplies per
 score more than E2M1 (docs/design.md, 'Precision ladder and smoothing').
 
+The P~ step and the finish (O = O~ / l, lse) are `online_softmax`'s, which the Gluon Hopper forward
+calls too.
+
 Speed notes (H200, benchmarks/NOTES.md): the P~ cast is ALU work on the same issue slots as the
 softmax, so every instruction per score counts; tiles whose keys are all valid skip the mask select.
 
@@ -42,26 +45,22 @@ values is exact in fp32; only the fp32 summation order differs):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from mxattention.kernels._triton import tl, triton
 from mxattention.kernels.cast import (
-    block_scale,
     dequant_mx,
     elem_code,
-    elem_round,
-    exp2_ftz,
     inv_exp2,
     pack_nibbles,
 )
 from mxattention.kernels.launch import launch
+from mxattention.kernels.online_softmax import LOG2E, LOG2E_C, finish_lse, finish_o, p_tile
 from mxattention.kernels.prepass import varlen_v_start
 from mxattention.kernels.specs import BuildFailure, FwdKernel, FwdSpec
 
-LOG2E = 1.0 / math.log(2.0)
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 GRID_Z_MAX = 65535  # CUDA's third grid axis: varlen launches hold at most this many sequences
 
@@ -80,7 +79,7 @@ def _mask_scores(
         if MASK_MODE == 1:
             valid = valid & (tl.load(mptr, mask=in_range, other=0) != 0)
         else:
-            s = s + tl.load(mptr, mask=in_range, other=0.0).to(tl.float32) * 1.4426950408889634
+            s = s + tl.load(mptr, mask=in_range, other=0.0).to(tl.float32) * LOG2E_C
     return tl.where(valid, s, float("-inf"))
 
 
@@ -197,12 +196,7 @@ def _attend_tile(
     MASK_MODE: tl.constexpr = MASKING[2]
     VARLEN: tl.constexpr = MASKING[3]
     PNQ: tl.constexpr = CAST[0]
-    CEIL: tl.constexpr = CAST[1]
-    Q_EXP: tl.constexpr = CAST[2]
-    Q_MANT: tl.constexpr = CAST[3]
     P_ELEM: tl.constexpr = CAST[4]
-    P_CVT: tl.constexpr = CAST[5]
-    EXP_FLUSH: tl.constexpr = CAST[6]
     DOT_SCALED: tl.constexpr = MMA[0]
     DOT_T: tl.constexpr = MMA[1]
     KV_BF16: tl.constexpr = MMA[2]
@@ -241,25 +235,8 @@ def _attend_tile(
             s = _mask_scores(s, offs_m, offs_n, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, MASK_MODE)
         c = qk_scale
 
-    # Block maxima come from the scores (the product by c > 0, s - m and exp2 are monotone), and
-    # the row max is the max of the block maxima. The block maxima of p_tilde, which set the
-    # scales, and the elements take the reference's two roundings (s * c, then - m), so the max
-    # gets exactly 1 and each block's largest element equals the maximum its scale was chosen
-    # for. One fma per element (one instruction less) leaves the max exp2 of the rounding error
-    # of s * c instead: an ulp of it is >= 1 from |s * c| >= 2**24 on, which emptied rows at
-    # scores of 1.7e8 and made exp2 overflow at 3.6e10 (docs/design.md, 'Special values and
-    # overflow').
-    s3 = tl.reshape(s, [BM, BN // 32, 32])
-    s_blk = tl.max(s3, 2)
-    m_new = tl.maximum(m, tl.max(s_blk, 1) * c)
-    # A row with every key so far masked keeps m = -inf; exp2(-inf - 0) = 0 keeps it empty.
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    # exp2 results below 2**-126 are 0 on every target, as in the reference (`cast.exp2_ftz`).
-    alpha = exp2_ftz(m - m_use, EXP_FLUSH)
-    p3 = exp2_ftz(s3 * c - m_use[:, None, None], EXP_FLUSH)
-    p_blk = exp2_ftz(s_blk * c - m_use[:, None], EXP_FLUSH)
-    two_e = block_scale(p_blk, CEIL, Q_EXP, Q_MANT)
-    p_hat3 = elem_round(p3, two_e[:, :, None], P_ELEM, P_CVT)
+    # The P~ step of both forwards (`online_softmax.p_tile`).
+    m_new, alpha, p3, p_hat3, two_e = p_tile(s, m, c, CAST)
     p_hat = tl.reshape(p_hat3, [BM, BN])
     if DEBUG_P:
         tl.store(Pdbg + dbg_row + offs_n[None, :], p_hat, mask=offs_m[:, None] < Lq)
@@ -418,19 +395,11 @@ def _mx_attention_fwd_kernel(
             (DOT_SCALED, DOT_T, KV_BF16, QK_ELEM, V_ELEM, DEBUG_P, SMOOTH_Q_BLOCK > 0),
         )  # fmt: skip
 
-    empty = l == 0.0
-    out = o_tilde / tl.where(empty, 1.0, l)[:, None]
-    out = tl.where(empty[:, None], 0.0, out)
+    out = finish_o(o_tilde, l, OUT_MAX)
     optr = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     optr = optr + (q_start + offs_m[:, None]).to(tl.int64) * stride_om + offs_dv[None, :] * stride_od
-    if OUT_MAX > 0:  # saturate, as attention.reference.cast_output: the exact O is in range
-        out = tl.minimum(
-            tl.maximum(out, -OUT_MAX, propagate_nan=tl.PropagateNan.ALL),
-            OUT_MAX,
-            propagate_nan=tl.PropagateNan.ALL,
-        )
     tl.store(optr, out.to(Out.dtype.element_ty), mask=(offs_m[:, None] < lq) & (offs_dv[None, :] < Dv))
-    lse = tl.where(empty, float("-inf"), (m + tl.math.log2(tl.where(empty, 1.0, l))) * 0.6931471805599453)
+    lse = finish_lse(l, m)
     tl.store(Lse + bh.to(tl.int64) * Lq + q_start + offs_m, lse, mask=offs_m < lq)
 
 

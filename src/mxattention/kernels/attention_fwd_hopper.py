@@ -27,6 +27,12 @@ Structure (one CTA per 128 query rows of one (batch, head)):
 - OVERLAP (intra-warpgroup pipelining): S_{j+1} = Q^ K^_{j+1}^T and P^_j V^_j are both in flight
   while the softmax of tile j + 1 runs; the rescale of O~ by alpha waits for P^_j V^_j, so O~ sees
   the same sequence of operations as in the `tl` kernel.
+
+The kernel builds its device-side parameters once and hands them to the partitions as aggregates
+(FlashAttention-3's mainloop / epilogue params): `KVRing` (the shared-memory ring and its
+barriers), `QTile` (one consumer's rows of Q^), `KeyLoop` (what each tile's softmax reads),
+`Epilogue` (where O and lse go) and `Schedule` (how a consumer issues its wgmmas). The P~ step and
+the finish are `online_softmax`'s, the `tl` kernel's own functions.
 """
 
 from __future__ import annotations
@@ -38,9 +44,9 @@ from dataclasses import dataclass
 import torch
 
 from mxattention.kernels import targets
-from mxattention.kernels._triton import HAS_TRITON, tl, triton
-from mxattention.kernels.cast import block_scale, elem_round
+from mxattention.kernels._triton import aggregate
 from mxattention.kernels.launch import launch
+from mxattention.kernels.online_softmax import LOG2E, finish_lse, finish_o, p_tile
 from mxattention.kernels.rules import KERNEL_ELEMS
 from mxattention.kernels.specs import FwdSpec
 from mxattention.kernels.targets import Target, current_target, hw_e4m3_cast
@@ -67,7 +73,6 @@ except (ImportError, AttributeError):  # no Triton, or one without Gluon's Hoppe
     HAS_GLUON = False
 
 FWD_KERNELS = ("gluon", "tl")
-LOG2E = 1.0 / math.log(2.0)
 HEAD_DIM = 128  # DQ = DV
 BLOCK_M = 128  # query rows per CTA: two consumers of 64
 BLOCK_N = 128  # keys per tile (cfg.block_n must be this)
@@ -86,43 +91,135 @@ CORR_MMA = True
 OUT_TMA = True
 
 
-if HAS_TRITON:
-
-    @triton.jit
-    def _p_tile(s, m, qk_scale, P_ELEM: tl.constexpr, P_CVT: tl.constexpr, CEIL: tl.constexpr,
-                Q_EXP: tl.constexpr, Q_MANT: tl.constexpr):  # fmt: skip
-        """(m_new, alpha, p3 = P~, p_hat3 = Q(P~)) of scores s [R, BN] (log2 units before the
-        factor qk_scale; masked keys -inf), as `attention_fwd._attend_tile` computes them."""
-        R: tl.constexpr = s.shape[0]
-        BN: tl.constexpr = s.shape[1]
-        s3 = tl.reshape(s, [R, BN // 32, 32])
-        s_blk = tl.max(s3, 2)
-        m_new = tl.maximum(m, tl.max(s_blk, 1) * qk_scale)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m - m_use)
-        p3 = tl.math.exp2(s3 * qk_scale - m_use[:, None, None])
-        p_blk = tl.math.exp2(s_blk * qk_scale - m_use[:, None])
-        two_e = block_scale(p_blk, CEIL, Q_EXP, Q_MANT)
-        p_hat3 = elem_round(p3, two_e[:, :, None], P_ELEM, P_CVT)
-        return m_new, alpha, p3, p_hat3
-
-    @triton.jit
-    def _finish(o_tilde, l, m, OUT_MAX: tl.constexpr):
-        """(O = O~ / l saturated at OUT_MAX, lse in natural log) as the `tl` kernel's epilogue."""
-        empty = l == 0.0
-        out = o_tilde / tl.where(empty, 1.0, l)[:, None]
-        out = tl.where(empty[:, None], 0.0, out)
-        if OUT_MAX > 0:
-            out = tl.minimum(
-                tl.maximum(out, -OUT_MAX, propagate_nan=tl.PropagateNan.ALL),
-                OUT_MAX,
-                propagate_nan=tl.PropagateNan.ALL,
-            )
-        lse = tl.where(empty, float("-inf"), (m + tl.math.log2(tl.where(empty, 1.0, l))) * 0.6931471805599453)
-        return out, lse
-
-
 if HAS_GLUON:
+    # A scalar kernel argument: Triton passes an integer equal to 1 as a constexpr.
+    _Int = gl.tensor | gl.constexpr
+    # The fields' order is the order in which a worker partition receives its values, which ptxas's
+    # schedule follows: it keeps that of the ungrouped arguments (same SASS, benchmarks/sass_fingerprint.py).
+
+    @aggregate
+    class KVRing:
+        """The CTA's K^ / V^ ring, shared by the producer and both consumers: STAGES slots of K^_j
+        (k [STAGES, BN, DQ]) and V^_j (v [STAGES, BN, DV]), bf16; Q smoothing's correction slots c
+        (SMOOTH 1: the fp32 row [STAGES, 1, BN]; 2: its bf16 parts [STAGES, 16, BN], `_corr_parts`;
+        0: none, c is k and never read); per slot the mbarriers k_ready / v_ready (TMA bytes landed;
+        k_ready also the producer's parts with SMOOTH 2) and k_empty / v_empty (both consumers done)."""
+
+        k: gl.shared_memory_descriptor
+        v: gl.shared_memory_descriptor
+        c: gl.shared_memory_descriptor
+        k_ready: gl.shared_memory_descriptor
+        v_ready: gl.shared_memory_descriptor
+        k_empty: gl.shared_memory_descriptor
+        v_empty: gl.shared_memory_descriptor
+        STAGES: gl.constexpr
+        SMOOTH: gl.constexpr
+
+        def __init__(self, k, v, c, k_ready, v_ready, k_empty, v_empty, SMOOTH):
+            self.k = k
+            self.v = v
+            self.c = c
+            self.k_ready = k_ready
+            self.v_ready = v_ready
+            self.k_empty = k_empty
+            self.v_empty = v_empty
+            self.STAGES = gl.constexpr(k.type.shape[0])
+            self.SMOOTH = gl.constexpr(SMOOTH)
+
+    @aggregate
+    class QTile:
+        """One consumer's 64 query rows: their Q^ codes Qc and E8M0 bytes Qs (the pre-pass's
+        [B Hq LQP, ...] rows, from row q_row0), row0 their first row among this head's Lq (O and lse),
+        q_smem [64, DQ] their bf16 Q^ (decoded once; O's staging tile at the end), QK_ELEM the
+        ladder of Q^'s codes."""
+
+        Qc: gl.tensor
+        Qs: gl.tensor
+        q_smem: gl.shared_memory_descriptor
+        q_row0: gl.tensor
+        row0: gl.tensor
+        QK_ELEM: gl.constexpr
+
+        def __init__(self, Qc, Qs, q_smem, q_row0, row0, QK_ELEM):
+            self.Qc = Qc
+            self.Qs = Qs
+            self.q_smem = q_smem
+            self.q_row0 = q_row0
+            self.row0 = row0
+            self.QK_ELEM = gl.constexpr(QK_ELEM)
+
+    @aggregate
+    class KeyLoop:
+        """What every key tile's softmax reads: qk_scale (scale * log2 e, fp32), Lk keys in n_tiles
+        tiles, CAST = (PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, EXP_FLUSH) (constexprs: P~'s ladder
+        and rule, `online_softmax.p_tile`; PNQ: l sums Q(P~))."""
+
+        Lk: _Int
+        n_tiles: _Int
+        qk_scale: gl.tensor
+        CAST: gl.tuple
+
+        def __init__(self, qk_scale, Lk, n_tiles, CAST):
+            self.qk_scale = qk_scale
+            self.Lk = Lk
+            self.n_tiles = n_tiles
+            self.CAST = CAST
+
+    @aggregate
+    class Epilogue:
+        """Where O and lse go: Out [B, Hq, Lq, DV] at out_base (this (b, h)) with row / column
+        strides stride_om / stride_od, or through o_desc (a [B, Hq, Lq, DV] TMA descriptor over out's
+        strides, O_TMA; rows past Lq clipped); Lse [B Hq, Lq] at lse_base. OUT_MAX > 0: O saturated
+        there (`online_softmax.finish_o`)."""
+
+        Out: gl.tensor
+        Lse: gl.tensor
+        Lq: _Int
+        out_base: gl.tensor
+        lse_base: gl.tensor
+        stride_om: _Int
+        stride_od: _Int
+        o_desc: tma.tensor_descriptor | gl.constexpr
+        b: gl.tensor
+        h: gl.tensor
+        OUT_MAX: gl.constexpr
+        O_TMA: gl.constexpr
+
+        def __init__(
+            self, Out, Lse, o_desc, b, h, out_base, lse_base, stride_om, stride_od, Lq, OUT_MAX, O_TMA
+        ):
+            self.Out = Out
+            self.Lse = Lse
+            self.o_desc = o_desc
+            self.b = b
+            self.h = h
+            self.out_base = out_base
+            self.lse_base = lse_base
+            self.stride_om = stride_om
+            self.stride_od = stride_od
+            self.Lq = Lq
+            self.OUT_MAX = gl.constexpr(OUT_MAX)
+            self.O_TMA = gl.constexpr(O_TMA)
+
+    @aggregate
+    class Schedule:
+        """How a consumer issues its wgmmas. OVERLAP: S_{j+1} and P^_j V^_j in flight under the
+        softmax of tile j + 1 (production; False: every product waited for, for experiments).
+        PINGPONG (experiments; needs OVERLAP): the two consumers take turns issuing, through the
+        turn mbarriers mine / other; ME: this consumer, 0 or 1."""
+
+        mine: gl.shared_memory_descriptor
+        other: gl.shared_memory_descriptor
+        ME: gl.constexpr
+        OVERLAP: gl.constexpr
+        PINGPONG: gl.constexpr
+
+        def __init__(self, mine, other, ME, OVERLAP, PINGPONG):
+            self.mine = mine
+            self.other = other
+            self.ME = gl.constexpr(ME)
+            self.OVERLAP = gl.constexpr(OVERLAP)
+            self.PINGPONG = gl.constexpr(PINGPONG)
 
     @builtin
     def _smem_as(buf, dtype, shape, layout, _semantic=None):
@@ -134,21 +231,23 @@ if HAS_GLUON:
         )
 
     @gluon.jit
-    def _q_hat_to_smem(Qc, Qs, q_row0, q_smem, DQ: gl.constexpr, QK_ELEM: gl.constexpr):
-        """Decode this consumer's Q^ rows (codes and E8M0 bytes of the pre-pass) to bf16 into q_smem,
-        value for value `cast.dequant_mx` (exact: codes x 2**e fit bf16; E4M3 below 2**-124 rounds
-        as there)."""
+    def _q_hat_to_smem(q):
+        """Decode the consumer's Q^ rows (QTile q: codes and E8M0 bytes of the pre-pass) to bf16 into
+        q.q_smem, value for value `cast.dequant_mx` (exact: codes x 2**e fit bf16; E4M3 below 2**-124
+        rounds as there)."""
+        q_smem = q.q_smem
         R: gl.constexpr = q_smem.type.shape[0]
+        DQ: gl.constexpr = q_smem.type.shape[1]
         io: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-        rows = (q_row0 + gl.arange(0, R, layout=gl.SliceLayout(1, io))).to(gl.int64)[:, None]
+        rows = (q.q_row0 + gl.arange(0, R, layout=gl.SliceLayout(1, io))).to(gl.int64)[:, None]
         cols = gl.arange(0, DQ, layout=gl.SliceLayout(0, io))[None, :]
-        scale = gl.load(Qs + rows * (DQ // 32) + cols // 32).to(gl.int32)
-        if QK_ELEM == "e4m3":
-            c = gl.load(Qc + rows * DQ + cols).to(gl.int32)
+        scale = gl.load(q.Qs + rows * (DQ // 32) + cols // 32).to(gl.int32)
+        if q.QK_ELEM == "e4m3":
+            c = gl.load(q.Qc + rows * DQ + cols).to(gl.int32)
             v = (((c & 127) << 20) | ((c & 128) << 24)).to(gl.float32, bitcast=True)
             GAP: gl.constexpr = 120
         else:
-            c = (gl.load(Qc + rows * (DQ // 2) + cols // 2).to(gl.int32) >> ((cols & 1) * 4)) & 15
+            c = (gl.load(q.Qc + rows * (DQ // 2) + cols // 2).to(gl.int32) >> ((cols & 1) * 4)) & 15
             h = ((c & 7) << 9) | ((c & 8) << 12)
             v = h.to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
             GAP: gl.constexpr = 14
@@ -166,13 +265,15 @@ if HAS_GLUON:
         return gl.where(e >= -126, (e + 127) << 23, 0x400000).to(gl.float32, bitcast=True)
 
     @gluon.jit
-    def _producer(k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, kv_row0,
-                  c_row, LKP, n_tiles, STAGES: gl.constexpr, SMOOTH: gl.constexpr):  # fmt: skip
-        """TMA K^_j, V^_j (rows kv_row0 + j BN of the [B Hkv LKP, D] views) into ring slot j % STAGES
-        once both consumers released it (a fresh barrier passes the parity-1 wait); SMOOTH (0 none,
-        1 row, 2 parts): also keys [j BN, (j + 1) BN) of correction row c_row, on K^_j's barrier: by
-        TMA as fp32 (1), or in three bf16 parts written by this warp (2, `_corr_parts`)."""
+    def _producer(k_desc, v_desc, c_desc, ring, kv_row0, c_row, LKP, n_tiles):
+        """TMA K^_j, V^_j (rows kv_row0 + j BN of the [B Hkv LKP, D] views) into KVRing slot
+        j % STAGES once both consumers released it (a fresh barrier passes the parity-1 wait);
+        SMOOTH (0 none, 1 row, 2 parts): also keys [j BN, (j + 1) BN) of correction row c_row, on
+        K^_j's barrier: by TMA as fp32 (1), or in three bf16 parts written by this warp (2,
+        `_corr_parts`)."""
         BN: gl.constexpr = k_desc.block_type.shape[0]
+        STAGES: gl.constexpr = ring.STAGES
+        SMOOTH: gl.constexpr = ring.SMOOTH
         if SMOOTH == 2:  # the next tile's correction keys in flight while this tile waits (see _corr_row)
             c_next = _corr_row(c_desc, c_row, LKP, 0, BN)
         for j in range(n_tiles):
@@ -181,20 +282,20 @@ if HAS_GLUON:
             if SMOOTH == 2:
                 c = c_next
                 c_next = _corr_row(c_desc, c_row, LKP, (j + 1) * BN, BN)
-            mbarrier.wait(k_empty.index(slot), phase)
+            mbarrier.wait(ring.k_empty.index(slot), phase)
             if SMOOTH == 1:
-                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes + c_desc.block_type.nbytes)
-                _tma_load(c_desc, [c_row, j * BN], k_ready.index(slot), c_smem.index(slot))
+                mbarrier.expect(ring.k_ready.index(slot), k_desc.block_type.nbytes + c_desc.block_type.nbytes)
+                _tma_load(c_desc, [c_row, j * BN], ring.k_ready.index(slot), ring.c.index(slot))
             else:
-                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-            _tma_load(k_desc, [kv_row0 + j * BN, 0], k_ready.index(slot), k_smem.index(slot))
+                mbarrier.expect(ring.k_ready.index(slot), k_desc.block_type.nbytes)
+            _tma_load(k_desc, [kv_row0 + j * BN, 0], ring.k_ready.index(slot), ring.k.index(slot))
             if SMOOTH == 2:
-                c_smem.index(slot).store(_corr_parts(c))
+                ring.c.index(slot).store(_corr_parts(c))
                 fence_async_shared()  # the generic-proxy stores before the wgmma (async proxy) reads them
-                mbarrier.arrive(k_ready.index(slot))  # the barrier's second arrival (init count 2)
-            mbarrier.wait(v_empty.index(slot), phase)
-            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [kv_row0 + j * BN, 0], v_ready.index(slot), v_smem.index(slot))
+                mbarrier.arrive(ring.k_ready.index(slot))  # the barrier's second arrival (init count 2)
+            mbarrier.wait(ring.v_empty.index(slot), phase)
+            mbarrier.expect(ring.v_ready.index(slot), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [kv_row0 + j * BN, 0], ring.v_ready.index(slot), ring.v.index(slot))
 
     @gluon.jit
     def _corr_row(Corr, c_row, LKP, start_n, BN: gl.constexpr):
@@ -225,45 +326,46 @@ if HAS_GLUON:
         return gl.where(rows == 0, p0, gl.where(rows == 1, p1, gl.where(rows == 2, p2, zero)))
 
     @gluon.jit
-    def _qk(q_smem, k_smem, c_smem, slot, zero, SMOOTH: gl.constexpr):
+    def _qk(q_smem, ring, slot, zero):
         """Issue S = Q^ K^_slot^T (async; K^ landed), SMOOTH (> 0): from the correction row qm K^T as
         the initial accumulator (exact in fp32; the `tl` kernel's `s + corr` becomes the same),
         read from shared memory and broadcast (1) or made by one k16 wgmma, ones [R, 16] (columns
         0-2) x the row's three bf16 parts (2: no loads or moves per tile)."""
-        if SMOOTH == 2:
+        if ring.SMOOTH == 2:
             R: gl.constexpr = zero.shape[0]
             dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=zero.type.layout, k_width=2)
             col = gl.arange(0, 16, layout=gl.SliceLayout(0, dot_a))[None, :]
             ones = gl.where(
                 col < 3, gl.full([R, 16], 1.0, gl.bfloat16, dot_a), gl.zeros([R, 16], gl.bfloat16, dot_a)
             )
-            acc = warpgroup_mma(ones, c_smem.index(slot), zero, use_acc=False, is_async=True)
-            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), acc, use_acc=True, is_async=True)
-        elif SMOOTH == 1:
+            acc = warpgroup_mma(ones, ring.c.index(slot), zero, use_acc=False, is_async=True)
+            s = warpgroup_mma(q_smem, ring.k.index(slot).permute((1, 0)), acc, use_acc=True, is_async=True)
+        elif ring.SMOOTH == 1:
             BN: gl.constexpr = zero.shape[1]
             flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-            row = _smem_as(c_smem.index(slot), gl.float32, [BN], flat).load(
+            row = _smem_as(ring.c.index(slot), gl.float32, [BN], flat).load(
                 gl.SliceLayout(0, zero.type.layout)
             )
             acc, _ = gl.broadcast(gl.expand_dims(row, 0), zero)
-            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), acc, use_acc=True, is_async=True)
+            s = warpgroup_mma(q_smem, ring.k.index(slot).permute((1, 0)), acc, use_acc=True, is_async=True)
         else:
-            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+            s = warpgroup_mma(q_smem, ring.k.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
         return s
 
     @gluon.jit
-    def _softmax(s, m, l, start_n, Lk, qk_scale, dot_a: gl.constexpr, PNQ: gl.constexpr, CEIL: gl.constexpr,
-                 Q_EXP: gl.constexpr, Q_MANT: gl.constexpr, P_ELEM: gl.constexpr, P_CVT: gl.constexpr,
-                 MASKED: gl.constexpr):  # fmt: skip
-        """(m_new, alpha, l after tile j, P^ as the bf16 A operand) of scores s, with the `tl`
-        kernel's operations and reduction layouts; MASKED: keys past Lk get -inf (the tiles with
-        such keys; where(valid, s, -inf) is s itself elsewhere, so the fast tiles skip it)."""
+    def _softmax(s, m, l, start_n, keys, MASKED: gl.constexpr):
+        """(m_new, alpha, l after tile j, P^ as the bf16 A operand) of scores s (KeyLoop keys), with
+        the `tl` kernel's operations (`online_softmax.p_tile`) and reduction layouts; MASKED: keys
+        past Lk get -inf (the tiles with such keys; where(valid, s, -inf) is s itself elsewhere, so
+        the fast tiles skip it)."""
         R: gl.constexpr = s.shape[0]
         BN: gl.constexpr = s.shape[1]
+        PNQ: gl.constexpr = keys.CAST[0]
+        dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s.type.layout, k_width=2)
         if MASKED:
             offs_n = start_n + gl.arange(0, BN, layout=gl.SliceLayout(0, s.type.layout))
-            s = gl.where(offs_n[None, :] < Lk, s, float("-inf"))
-        m_new, alpha, p3, p_hat3 = _p_tile(s, m, qk_scale, P_ELEM, P_CVT, CEIL, Q_EXP, Q_MANT)
+            s = gl.where(offs_n[None, :] < keys.Lk, s, float("-inf"))
+        m_new, alpha, p3, p_hat3, _two_e = p_tile(s, m, keys.qk_scale, keys.CAST)
         if not PNQ:
             l = alpha * l + gl.convert_layout(gl.sum(gl.reshape(p3, [R, BN]), 1), alpha.type.layout)
         p = gl.convert_layout(gl.reshape(p_hat3, [R, BN]).to(gl.bfloat16), dot_a)
@@ -272,85 +374,71 @@ if HAS_GLUON:
         return m_new, alpha, l, p
 
     @gluon.jit
-    def _overlap_step(j, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
-                      turn_mine, turn_other, zero, Lk, qk_scale, mma: gl.constexpr, dot_a: gl.constexpr,
-                      PNQ: gl.constexpr, CEIL: gl.constexpr, Q_EXP: gl.constexpr, Q_MANT: gl.constexpr,
-                      P_ELEM: gl.constexpr, P_CVT: gl.constexpr, STAGES: gl.constexpr, ME: gl.constexpr,
-                      PINGPONG: gl.constexpr, MASKED: gl.constexpr, SMOOTH: gl.constexpr):  # fmt: skip
+    def _overlap_step(j, m, l, o_tilde, p, q_smem, ring, zero, keys, sched, MASKED: gl.constexpr):
         """Key tile j >= 1 with the overlap: S_j and P^_{j-1} V^_{j-1} in flight together, the
         softmax of S_j under the latter; then O~ (P^_{j-1} V^_{j-1} added) times alpha_j."""
-        BN: gl.constexpr = k_smem.type.shape[1]
+        BN: gl.constexpr = ring.k.type.shape[1]
+        STAGES: gl.constexpr = ring.STAGES
         slot = j % STAGES
         prev = (j - 1) % STAGES
-        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-        if PINGPONG:
-            mbarrier.wait(turn_mine, (j & 1) ^ (1 - ME))
-        s = _qk(q_smem, k_smem, c_smem, slot, zero, SMOOTH)
-        o_tilde = warpgroup_mma(p, v_smem.index(prev), o_tilde, is_async=True)
-        if PINGPONG:
-            mbarrier.arrive(turn_other)
-        s, _k_done = warpgroup_mma_wait(1, deps=[s, k_smem.index(slot)])
-        mbarrier.arrive(k_empty.index(slot))
-        m, alpha, l, p_next = _softmax(
-            s, m, l, j * BN, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, MASKED
-        )
+        mbarrier.wait(ring.k_ready.index(slot), (j // STAGES) & 1)
+        mbarrier.wait(ring.v_ready.index(prev), ((j - 1) // STAGES) & 1)
+        if sched.PINGPONG:
+            mbarrier.wait(sched.mine, (j & 1) ^ (1 - sched.ME))
+        s = _qk(q_smem, ring, slot, zero)
+        o_tilde = warpgroup_mma(p, ring.v.index(prev), o_tilde, is_async=True)
+        if sched.PINGPONG:
+            mbarrier.arrive(sched.other)
+        s, _k_done = warpgroup_mma_wait(1, deps=[s, ring.k.index(slot)])
+        mbarrier.arrive(ring.k_empty.index(slot))
+        m, alpha, l, p_next = _softmax(s, m, l, j * BN, keys, MASKED)
         # The wait for P^_{j-1} V^_{j-1} behind an always-true branch (tile j holds keys): without it
         # ptxas places the wait before the softmax's exps (SASS line 162 of 932, though PTX has it
         # here and no register needs it earlier), so the product overlapped the block maxima only;
         # the branch ends the softmax's basic block, which ptxas does not move the wait out of (same
         # bits, kernel -4.4 % at 16k: benchmarks/NOTES.md, v13-late). The other arm (never run) opens
         # with a barrier so that LLVM cannot merge the arms and hoist the wait back.
-        if j * BN < Lk:
-            o_done, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(prev), p])
+        if j * BN < keys.Lk:
+            o_done, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, ring.v.index(prev), p])
         else:
             _cta_barrier()
-            o_done, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(prev), p])
-        mbarrier.arrive(v_empty.index(prev))
-        o_tilde = o_done * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
+            o_done, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, ring.v.index(prev), p])
+        mbarrier.arrive(ring.v_empty.index(prev))
+        o_tilde = o_done * gl.convert_layout(alpha, gl.SliceLayout(1, o_done.type.layout))[:, None]
         return m, l, o_tilde, p_next
 
     @gluon.jit
-    def _plain_step(j, m, l, o_tilde, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, zero,
-                    Lk, qk_scale, mma: gl.constexpr, dot_a: gl.constexpr, PNQ: gl.constexpr, CEIL: gl.constexpr,
-                    Q_EXP: gl.constexpr, Q_MANT: gl.constexpr, P_ELEM: gl.constexpr, P_CVT: gl.constexpr,
-                    STAGES: gl.constexpr, MASKED: gl.constexpr, SMOOTH: gl.constexpr):  # fmt: skip
+    def _plain_step(j, m, l, o_tilde, q_smem, ring, zero, keys, MASKED: gl.constexpr):
         """Key tile j without the overlap: S_j, softmax, O~ alpha + P^_j V^_j, each waited for."""
-        BN: gl.constexpr = k_smem.type.shape[1]
+        BN: gl.constexpr = ring.k.type.shape[1]
+        STAGES: gl.constexpr = ring.STAGES
         slot = j % STAGES
-        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-        s = _qk(q_smem, k_smem, c_smem, slot, zero, SMOOTH)
-        s, _k_done = warpgroup_mma_wait(0, deps=[s, k_smem.index(slot)])
-        mbarrier.arrive(k_empty.index(slot))
-        m, alpha, l, p = _softmax(
-            s, m, l, j * BN, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, MASKED
-        )
-        o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
-        mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
-        o_tilde = warpgroup_mma(p, v_smem.index(slot), o_tilde, is_async=True)
-        o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(slot), p])
-        mbarrier.arrive(v_empty.index(slot))
+        mbarrier.wait(ring.k_ready.index(slot), (j // STAGES) & 1)
+        s = _qk(q_smem, ring, slot, zero)
+        s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(slot)])
+        mbarrier.arrive(ring.k_empty.index(slot))
+        m, alpha, l, p = _softmax(s, m, l, j * BN, keys, MASKED)
+        o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, o_tilde.type.layout))[:, None]
+        mbarrier.wait(ring.v_ready.index(slot), (j // STAGES) & 1)
+        o_tilde = warpgroup_mma(p, ring.v.index(slot), o_tilde, is_async=True)
+        o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, ring.v.index(slot), p])
+        mbarrier.arrive(ring.v_empty.index(slot))
         return m, l, o_tilde
 
     @gluon.jit
-    def _consumer(Qc, Qs, Out, Lse, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
-                  q_row0, row0, lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od,
-                  DQ: gl.constexpr, PNQ: gl.constexpr, CEIL: gl.constexpr, Q_EXP: gl.constexpr,
-                  Q_MANT: gl.constexpr, P_ELEM: gl.constexpr, P_CVT: gl.constexpr, QK_ELEM: gl.constexpr,
-                  OUT_MAX: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, turn_mine, turn_other,
-                  ME: gl.constexpr, PINGPONG: gl.constexpr, SMOOTH: gl.constexpr, o_desc, b, h,
-                  O_TMA: gl.constexpr):  # fmt: skip
-        """Rows [row0, row0 + 64) of this CTA's query tile: the key loop and the epilogue. O_TMA: O
-        goes through q_smem and o_desc (a [B, Hq, Lq, DV] descriptor over out's strides; rows past
-        Lq are clipped), else by gl.store."""
+    def _consumer(q, ring, keys, epi, sched):
+        """Rows [row0, row0 + 64) of this CTA's query tile (QTile q): the key loop over the KVRing
+        ring (KeyLoop keys, Schedule sched) and the epilogue (Epilogue epi). O goes through q_smem
+        and o_desc where epi.O_TMA, else by gl.store."""
+        q_smem = q.q_smem
         R: gl.constexpr = q_smem.type.shape[0]
-        BN: gl.constexpr = k_smem.type.shape[1]
-        DV: gl.constexpr = v_smem.type.shape[2]
+        BN: gl.constexpr = ring.k.type.shape[1]
+        DV: gl.constexpr = ring.v.type.shape[2]
+        STAGES: gl.constexpr = ring.STAGES
         mma: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16]
         )
-        dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-        _q_hat_to_smem(Qc, Qs, q_row0, q_smem, DQ, QK_ELEM)
+        _q_hat_to_smem(q)
         zero = gl.zeros([R, BN], gl.float32, mma)
         o_tilde = gl.zeros([R, DV], gl.float32, mma)
         # m and l in the layout the block-max reduction gives (that of the `tl` kernel's m and l).
@@ -358,72 +446,72 @@ if HAS_GLUON:
             gl.max(gl.reshape(gl.full([R, BN], float("-inf"), gl.float32, mma), [R, BN // 32, 32]), 2), 1
         )
         l = gl.zeros_like(m)
-        n_full = Lk // BN  # tiles whose keys are all valid: no select on their scores
-        if OVERLAP:
+        n_tiles = keys.n_tiles
+        n_full = keys.Lk // BN  # tiles whose keys are all valid: no select on their scores
+        if sched.OVERLAP:
             # PINGPONG: the consumers take turns issuing their wgmmas (turn barriers, one arrive per
             # turn), so one's softmax runs while the other's products use the tensor cores; the
             # parity trick lets consumer 0 (ME = 0) pass its first wait on a fresh barrier.
-            mbarrier.wait(k_ready.index(0), 0)
-            if PINGPONG:
-                mbarrier.wait(turn_mine, 1 - ME)
-            s = _qk(q_smem, k_smem, c_smem, 0, zero, SMOOTH)
-            if PINGPONG:
-                mbarrier.arrive(turn_other)
-            s, _k_done = warpgroup_mma_wait(0, deps=[s, k_smem.index(0)])
-            mbarrier.arrive(k_empty.index(0))
-            m, alpha, l, p = _softmax(
-                s, m, l, 0, Lk, qk_scale, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, True
-            )
+            mbarrier.wait(ring.k_ready.index(0), 0)
+            if sched.PINGPONG:
+                mbarrier.wait(sched.mine, 1 - sched.ME)
+            s = _qk(q_smem, ring, 0, zero)
+            if sched.PINGPONG:
+                mbarrier.arrive(sched.other)
+            s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(0)])
+            mbarrier.arrive(ring.k_empty.index(0))
+            m, alpha, l, p = _softmax(s, m, l, 0, keys, True)
             o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
             for j in range(1, n_full):
-                m, l, o_tilde, p = _overlap_step(
-                    j, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
-                    turn_mine, turn_other, zero, Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM,
-                    P_CVT, STAGES, ME, PINGPONG, False, SMOOTH,
-                )  # fmt: skip
+                m, l, o_tilde, p = _overlap_step(j, m, l, o_tilde, p, q_smem, ring, zero, keys, sched, False)
             for j in range(gl.maximum(n_full, 1), n_tiles):
-                m, l, o_tilde, p = _overlap_step(
-                    j, m, l, o_tilde, p, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
-                    turn_mine, turn_other, zero, Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM,
-                    P_CVT, STAGES, ME, PINGPONG, True, SMOOTH,
-                )  # fmt: skip
+                m, l, o_tilde, p = _overlap_step(j, m, l, o_tilde, p, q_smem, ring, zero, keys, sched, True)
             last = (n_tiles - 1) % STAGES
-            mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
-            if PINGPONG:
-                mbarrier.wait(turn_mine, (n_tiles & 1) ^ (1 - ME))
-            o_tilde = warpgroup_mma(p, v_smem.index(last), o_tilde, is_async=True)
-            if PINGPONG:
-                mbarrier.arrive(turn_other)
-            o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, v_smem.index(last), p])
-            mbarrier.arrive(v_empty.index(last))
+            mbarrier.wait(ring.v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+            if sched.PINGPONG:
+                mbarrier.wait(sched.mine, (n_tiles & 1) ^ (1 - sched.ME))
+            o_tilde = warpgroup_mma(p, ring.v.index(last), o_tilde, is_async=True)
+            if sched.PINGPONG:
+                mbarrier.arrive(sched.other)
+            o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, ring.v.index(last), p])
+            mbarrier.arrive(ring.v_empty.index(last))
         else:
             for j in range(0, n_full):
-                m, l, o_tilde = _plain_step(
-                    j, m, l, o_tilde, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, zero,
-                    Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, STAGES, False, SMOOTH,
-                )  # fmt: skip
+                m, l, o_tilde = _plain_step(j, m, l, o_tilde, q_smem, ring, zero, keys, False)
             for j in range(n_full, n_tiles):
-                m, l, o_tilde = _plain_step(
-                    j, m, l, o_tilde, q_smem, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, zero,
-                    Lk, qk_scale, mma, dot_a, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, STAGES, True, SMOOTH,
-                )  # fmt: skip
+                m, l, o_tilde = _plain_step(j, m, l, o_tilde, q_smem, ring, zero, keys, True)
 
-        out, lse = _finish(o_tilde, gl.convert_layout(l, gl.SliceLayout(1, mma)),
-                           gl.convert_layout(m, gl.SliceLayout(1, mma)), OUT_MAX)  # fmt: skip
-        rows = row0 + gl.arange(0, R, layout=gl.SliceLayout(1, mma))
-        if O_TMA:
+        # O and lse in the layout of O~'s rows (the `tl` kernel's finish, `online_softmax`).
+        l_rows = gl.convert_layout(l, gl.SliceLayout(1, mma))
+        m_rows = gl.convert_layout(m, gl.SliceLayout(1, mma))
+        out = finish_o(o_tilde, l_rows, epi.OUT_MAX)
+        lse = finish_lse(l_rows, m_rows)
+        rows = q.row0 + gl.arange(0, R, layout=gl.SliceLayout(1, mma))
+        if epi.O_TMA:
             # q_smem is free: every wgmma that read it has been waited for.
+            o_desc = epi.o_desc
             o_smem = _smem_as(q_smem, o_desc.dtype, [R, DV], q_smem.type.layout)
             o_smem.store(out.to(o_desc.dtype))
             fence_async_shared()
             _cta_barrier()  # every thread's part of O is in shared memory before the TMA reads it
-            _tma_store(o_desc, [b, h, row0, 0], _smem_as(q_smem, o_desc.dtype, [1, 1, R, DV], o_desc.layout))
+            _tma_store(
+                o_desc,
+                [epi.b, epi.h, q.row0, 0],
+                _smem_as(q_smem, o_desc.dtype, [1, 1, R, DV], o_desc.layout),
+            )
         else:
             cols = gl.arange(0, DV, layout=gl.SliceLayout(0, mma))
-            optr = Out + out_base + rows[:, None].to(gl.int64) * stride_om + cols[None, :] * stride_od
-            gl.store(optr, out.to(Out.dtype.element_ty), mask=(rows[:, None] < lq) & (cols[None, :] < DV))
-        gl.store(Lse + lse_base + rows, lse, mask=rows < lq)
-        if O_TMA:
+            optr = (
+                epi.Out
+                + epi.out_base
+                + rows[:, None].to(gl.int64) * epi.stride_om
+                + cols[None, :] * epi.stride_od
+            )
+            gl.store(
+                optr, out.to(epi.Out.dtype.element_ty), mask=(rows[:, None] < epi.Lq) & (cols[None, :] < DV)
+            )
+        gl.store(epi.Lse + epi.lse_base + rows, lse, mask=rows < epi.Lq)
+        if epi.O_TMA:
             tma.store_wait(pendings=0)  # q_smem stays allocated until the store has read it
 
     @gluon.jit
@@ -506,24 +594,17 @@ if HAS_GLUON:
         out_base = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
         lse_base = bh.to(gl.int64) * Lq
         c_row = bh * NBQ + row0 // gl.maximum(SMOOTH_Q_BLOCK, 1)
+        # Built once, read by both consumers (the producer shares the ring).
+        ring = KVRing(k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, SMOOTH)
+        keys = KeyLoop(qk_scale, Lk, n_tiles, (PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, False))
+        epi = Epilogue(Out, Lse, o_desc, b, h, out_base, lse_base, stride_om, stride_od, Lq, OUT_MAX, O_TMA)
         gl.warp_specialize(
             [
-                (
-                    _consumer,
-                    (Qc, Qs, Out, Lse, q0, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, q_row0,
-                     row0, Lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od, DQ, PNQ, CEIL,
-                     Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, OVERLAP, turns.index(0),
-                     turns.index(1), 0, PINGPONG, SMOOTH, o_desc, b, h, O_TMA),
-                ),
-                (
-                    _consumer,
-                    (Qc, Qs, Out, Lse, q1, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty,
-                     q_row0 + R, row0 + R, Lq, Lk, n_tiles, qk_scale, out_base, lse_base, stride_om, stride_od,
-                     DQ, PNQ, CEIL, Q_EXP, Q_MANT, P_ELEM, P_CVT, QK_ELEM, OUT_MAX, STAGES, OVERLAP,
-                     turns.index(1), turns.index(0), 1, PINGPONG, SMOOTH, o_desc, b, h, O_TMA),
-                ),
-                (_producer, (k_desc, v_desc, c_desc, k_smem, v_smem, c_smem, k_ready, v_ready, k_empty,
-                             v_empty, bhk * LKP, c_row, LKP, n_tiles, STAGES, SMOOTH)),
+                (_consumer, (QTile(Qc, Qs, q0, q_row0, row0, QK_ELEM), ring, keys, epi,
+                             Schedule(turns.index(0), turns.index(1), 0, OVERLAP, PINGPONG))),
+                (_consumer, (QTile(Qc, Qs, q1, q_row0 + R, row0 + R, QK_ELEM), ring, keys, epi,
+                             Schedule(turns.index(1), turns.index(0), 1, OVERLAP, PINGPONG))),
+                (_producer, (k_desc, v_desc, c_desc, ring, bhk * LKP, c_row, LKP, n_tiles)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],

@@ -35,6 +35,7 @@ from mxattention.attention.config import AttentionConfig
 from mxattention.attention.keys import config_from_key
 from mxattention.kernels._triton import HAS_TRITON, kernels_interpreted, sm_count
 from mxattention.kernels.attention_fwd_fp8 import fp8_reason
+from mxattention.kernels.online_softmax import LOG2E
 from mxattention.kernels.prepass import PassPlan, padded_dim, padded_len, qk_pass, v_pass, varlen_v_len
 from mxattention.kernels.rules import KERNEL_ELEMS, rule_constants
 from mxattention.kernels.specs import BuildFailure, FwdKernel, FwdSpec, KVLayout, MatrixPath, PlanOverrides
@@ -59,7 +60,6 @@ KV_CHUNK_MIN_BYTES = 256 * 2**20
 # Every kernel launches (tiles, batch x heads): CUDA's second grid axis holds at most 65535, so a call
 # with more batch x heads runs in pieces of batches (and, past 65535 heads, of heads).
 GRID_Y_MAX = 65535
-LOG2E = 1.0 / math.log(2.0)
 F32_MAX = 3.4028234663852886e38
 
 

@@ -12,8 +12,11 @@ import torch
 
 from mxattention.attention.config import get_method
 from mxattention.kernels import HAS_TRITON, targets
+from mxattention.kernels._triton import kernels_interpreted
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="launch specs need Triton")
+# These run the kernels on CPU tensors: on a GPU machine (no interpreter) they fail for that alone.
+interpreted_only = pytest.mark.skipif(not kernels_interpreted(), reason="CPU tensors: Triton's interpreter")
 BF16 = torch.bfloat16
 
 
@@ -33,6 +36,7 @@ def _qkv(d=32, n=8, h=1, seed=0):
     return tuple(torch.randn(1, h, n, d, generator=g).to(BF16) for _ in range(3))
 
 
+@interpreted_only
 def test_plan_and_specs_are_frozen_hashable_and_enums(planner):
     from mxattention.kernels.specs import FwdKernel, FwdSpec, KVLayout, MatrixPath, PlanOverrides
 
@@ -77,6 +81,7 @@ class _Spy:
         return launch
 
 
+@interpreted_only
 def test_the_launch_reads_the_spec_not_the_old_globals(planner, monkeypatch):
     """Once planned, the module state that used to decide a launch (the interpreter switch behind
     DOT_T / EXP_FLUSH, the pre-pass tile table, the Gluon schedule flags) changes nothing: the
@@ -135,6 +140,7 @@ def test_the_gluon_launch_reads_the_spec_not_the_old_globals(planner, monkeypatc
     assert again.args[4] is smooth[0] and again.args[6] is not None  # parts by the producer, O descriptor
 
 
+@interpreted_only
 def test_a_stage_overflow_is_recorded_once_and_planned_one_stage_fewer(planner, monkeypatch):
     """A `tl` forward whose build overflows shared memory raises from the launcher; the planner
     records the spec and plans one stage fewer until it fits; the next call's cached plan launches
@@ -262,6 +268,7 @@ def test_a_cached_slot_launches_its_compiled_kernel_directly(monkeypatch):
     assert len(k.jit_launches) == 6 and len(k.direct) == 1
 
 
+@interpreted_only
 def test_the_interpreter_launches_a_cached_plan_through_the_jit(planner, monkeypatch):
     """On Triton's interpreter a cached plan's every launch is the normal one (no compiled kernel)."""
     from mxattention.kernels import attention_fwd, fused, launch

@@ -26,9 +26,7 @@ more than 1e-3), 2 if a section raised.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import re
 import sys
 import time
@@ -354,20 +352,12 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("check_fp8_gpu: needs a CUDA GPU", file=sys.stderr)
         return 2
-    import triton
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_attention import run_meta
 
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "check_fp8_gpu.json"
-    report: dict = {
-        "meta": {
-            "gpu": torch.cuda.get_device_name(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "torch": torch.__version__,
-            "triton": triton.__version__,
-            "python": platform.python_version(),
-            "command": "python " + " ".join(sys.argv),
-        }
-    }
+    report: dict = {"meta": run_meta()}
     errors = 0
 
     def log(msg):

@@ -1,3 +1,3 @@
 """The package version, in a module of its own so that `mxattention --version` imports nothing else."""
 
-__version__ = "1.0.0rc1"
+__version__ = "1.0.0"

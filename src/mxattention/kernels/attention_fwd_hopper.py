@@ -510,8 +510,9 @@ if HAS_GLUON:
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=2)  # one arrive per consumer partition
             mbarrier.init(v_empty.index(i), count=2)
-        # Two mbarriers no partition reads (the removed ping-pong's turns): kept for now so that this
-        # change leaves the SASS as it was; the next commit removes them.
+        # Two mbarriers no partition reads (the removed ping-pong's turns). Without them ptxas orders
+        # the consumers' key loops differently (same instructions per tile, Triton 3.6 and 3.9,
+        # 2026-12-03), so they stay until an H200 A/B shows that order costs nothing.
         turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(turns.index(i), count=1)

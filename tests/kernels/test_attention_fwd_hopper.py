@@ -86,7 +86,7 @@ def test_fused_attention_refuses_an_explicit_gluon_it_cannot_run():
 @pytest.mark.parametrize(
     "bad",
     ["q_rows", "k_dim", "v_shape", "k_dtype", "heads", "out_shape", "empty_keys"]
-    + ["smooth_block", "smooth_shape", "smooth_dtype", "smooth_strides", "smooth_parts_stages", None],
+    + ["smooth_block", "smooth_shape", "smooth_dtype", "smooth_strides", None],
 )
 def test_launch_arguments_are_checked(bad):
     b, h, lq, lk = 1, 2, 100, 130
@@ -120,15 +120,10 @@ def test_launch_arguments_are_checked(bad):
     elif bad == "smooth_strides":
         smooth = (torch.zeros(b, h, 1, 512)[..., ::2], 128)
     kw = dict(lq=lq, lk=lk, group=group, out=out, p_rule=(True, 2, 0), pnq=True, scale=0.1, smooth_q=smooth)
-    if bad == "smooth_parts_stages":  # the parts ring and 3 stages exceed shared memory
-        kw.update(corr_mma=True, stages=3)
     if bad is None:  # the good call builds its launch
         _, call = hopper.gluon_fwd_call((qc, qs), kx, vx, **kw)
         assert call.constants["SMOOTH_Q_BLOCK"] == 128 and call.grid == (1, b * h)
-        assert call.constants["CORR_MMA"] == hopper.CORR_MMA and call.args[4] is smooth[0]
-        # 3 stages take the loaded row: the parts ring would not fit in shared memory
-        _, call3 = hopper.gluon_fwd_call((qc, qs), kx, vx, **kw, stages=3)
-        assert not call3.constants["CORR_MMA"] and call3.constants["STAGES"] == 3
+        assert call.constants["PRODUCER_REGS"] == hopper.PRODUCER_REGS_CORR and call.args[4] is smooth[0]
         return
     with pytest.raises(ValueError):
         hopper.gluon_fwd_call((qc, qs), kx, vx, **kw)
@@ -224,7 +219,7 @@ def _correction(b, hq, lq, lk, block, case, seed):
     return corr
 
 
-def _both(q_packed, kx, vx, *, lq, lk, group, out_dtype, rule, pnq, p_elem, qk_elem, scale, **variant):
+def _both(q_packed, kx, vx, *, lq, lk, group, out_dtype, rule, pnq, p_elem, qk_elem, scale, smooth_q=None):
     from mxattention.kernels.attention_fwd import mx_attention_fwd
     from mxattention.kernels.rules import rule_constants
 
@@ -232,14 +227,12 @@ def _both(q_packed, kx, vx, *, lq, lk, group, out_dtype, rule, pnq, p_elem, qk_e
     r = rule_constants(rule, p_elem)
     # E4M3 P~ by the hardware cast in both (targets.HW_E4M3_CAST lists sm_90).
     kw = dict(lq=lq, lk=lk, group=group, p_rule=(r.ceil, r.q_exp, r.q_mant), pnq=pnq, scale=scale,
-              p_elem=p_elem, qk_elem=qk_elem, p_cvt=p_elem == "e4m3")  # fmt: skip
+              p_elem=p_elem, qk_elem=qk_elem, p_cvt=p_elem == "e4m3", smooth_q=smooth_q)  # fmt: skip
     out_tl = torch.full((b, hq, lq, 128), float("nan"), device="cuda", dtype=out_dtype)
     out_g = out_tl.clone()
-    if "smooth_q" in variant:  # the same correction in both kernels
-        kw["smooth_q"] = variant.pop("smooth_q")
     lse_tl = mx_attention_fwd(q_packed, kx, vx, dv=128, out=out_tl, block_n=128, matrix_path="bf16",
                               block_m=128, num_warps=8, num_stages=3, v_elem=p_elem, **kw)  # fmt: skip
-    lse_g = hopper.mx_attention_fwd_hopper(q_packed, kx, vx, out=out_g, **kw, **variant)
+    lse_g = hopper.mx_attention_fwd_hopper(q_packed, kx, vx, out=out_g, **kw)
     return (out_tl, lse_tl), (out_g, lse_g)
 
 
@@ -278,29 +271,26 @@ def test_equals_tl_kernel_bit_for_bit(lq, lk, hq, hk, case, rule, pnq, p_elem, q
 
 @gpu
 @pytest.mark.parametrize(
-    "lq,lk,hq,hk,case,block,p_elem,variant",
+    "lq,lk,hq,hk,case,block,p_elem",
     [
-        (300, 333, 2, 2, "outliers", 128, "e4m3", {}),
-        (1000, 77, 2, 1, "zeros", 256, "e4m3", {}),
-        (200, 1025, 4, 2, "nonfinite", 128, "e2m1", {}),
-        (700, 1300, 2, 2, "huge", 384, "e4m3", dict(overlap=False)),
-        (257, 640, 2, 2, "ties", 128, "e4m3", dict(pingpong=True, stages=3)),
-        (300, 333, 2, 2, "outliers", 128, "e4m3", dict(corr_mma=False)),
-        (200, 1025, 4, 2, "nonfinite", 128, "e2m1", dict(corr_mma=False)),
-        (700, 1300, 2, 2, "huge", 384, "e4m3", dict(corr_mma=False, overlap=False)),
+        (300, 333, 2, 2, "outliers", 128, "e4m3"),
+        (1000, 77, 2, 1, "zeros", 256, "e4m3"),
+        (200, 1025, 4, 2, "nonfinite", 128, "e2m1"),
+        (700, 1300, 2, 2, "huge", 384, "e4m3"),
+        (257, 640, 2, 2, "ties", 128, "e4m3"),
     ],
 )
-def test_smoothing_correction_equals_tl_kernel(lq, lk, hq, hk, case, block, p_elem, variant):
+def test_smoothing_correction_equals_tl_kernel(lq, lk, hq, hk, case, block, p_elem):
     """Q smoothing: the correction row as the QK wgmma's initial accumulator, made by a k16 wgmma of
-    its three bf16 parts (corr_mma, the default) or loaded and broadcast, gives the `tl` kernel's
-    bits (there `s + corr`, folded by Triton into the same accumulator), for blocks of 1-3 CTA
-    tiles, Inf / NaN corrections, magnitudes 1e30 and 1e-20, zeros of both signs, every schedule."""
+    its three bf16 parts (which the producer writes), gives the `tl` kernel's bits (there
+    `s + corr`, folded by Triton into the same accumulator), for blocks of 1-3 CTA tiles, Inf / NaN
+    corrections, magnitudes 1e30 and 1e-20, zeros of both signs."""
     q_packed, kx, vx = _operands(2, hq, hk, lq, lk, "e2m1", case, seed=lq + 3 * lk)
     corr = _correction(2, hq, lq, lk, block, case, seed=lq)
     for scale in (128**-0.5, 3.0):
         (o_tl, l_tl), (o_g, l_g) = _both(q_packed, kx, vx, lq=lq, lk=lk, group=hq // hk, out_dtype=torch.bfloat16,
                                          rule="uos", pnq=True, p_elem=p_elem, qk_elem="e2m1", scale=scale,
-                                         smooth_q=(corr, block), **variant)  # fmt: skip
+                                         smooth_q=(corr, block))  # fmt: skip
         _assert_bitwise(o_g, o_tl, f"O (scale {scale})")
         _assert_bitwise(l_g, l_tl, f"lse (scale {scale})")
     # The correction is not ignored: without it the bits differ.
@@ -334,22 +324,6 @@ def test_fused_attention_same_bits_either_kernel(method, b, hq, hk, lq, lk, dtyp
     cfg = get_method(method)
     o_tl, l_tl, _ = fused_attention(q, k, v, cfg, scale=128**-0.5, fwd_kernel="tl")
     o_g, l_g, _ = fused_attention(q, k, v, cfg, scale=128**-0.5, fwd_kernel="gluon")
-    _assert_bitwise(o_g, o_tl, "O")
-    _assert_bitwise(l_g, l_tl, "lse")
-
-
-@gpu
-@pytest.mark.parametrize(
-    "variant",
-    [dict(overlap=False), dict(stages=3), dict(pingpong=True), dict(pingpong=True, stages=3)],
-)
-def test_pipeline_variants_equal_tl_kernel(variant):
-    """The schedules under study compute the same bits: without the intra-warpgroup overlap, with
-    3 ring stages, with the consumers' ping-pong."""
-    q_packed, kx, vx = _operands(1, 4, 2, 700, 1300, "e2m1", "outliers", seed=5)
-    (o_tl, l_tl), (o_g, l_g) = _both(q_packed, kx, vx, lq=700, lk=1300, group=2, out_dtype=torch.bfloat16,
-                                     rule="uos", pnq=True, p_elem="e2m1", qk_elem="e2m1", scale=0.088,
-                                     **variant)  # fmt: skip
     _assert_bitwise(o_g, o_tl, "O")
     _assert_bitwise(l_g, l_tl, "lse")
 

@@ -42,12 +42,11 @@ PV8_MMA = {
     ("gfx950", "mxattention-pv8"): {"v_mfma_scale_f32_32x32x64_f8f6f4"},  # FP4 and FP8 operands alike
 }
 # The warp-specialized Gluon forward on Hopper (`attention_fwd_hopper`): E2M1 P~ without Q smoothing,
-# E4M3 P~ with Q smoothing's correction by wgmma (2 stages) and by the loaded row (3 stages). E4M3 P~
-# without smoothing is the smoothed builds' path less the correction, so it has no build of its own.
+# E4M3 P~ with Q smoothing's correction by wgmma. E4M3 P~ without smoothing is the smoothed build's
+# path less the correction, so it has no build of its own.
 GLUON_BUILDS = (
     "sm_90a/gluon",
     "sm_90a/mxattention-pv8-smooth/gluon",
-    "sm_90a/mxattention-pv8-smooth/gluon/s3",
 )
 NATIVE_MMA = {"sm_100a": "UTCOMMA", "sm_120a": "OMMA.SF.16864.F32.E2M1.E2M1", "gfx950": "v_mfma_scale_f32"}
 

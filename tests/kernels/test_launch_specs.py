@@ -97,7 +97,7 @@ def test_the_launch_reads_the_spec_not_the_old_globals(planner, monkeypatch):
     monkeypatch.setattr(planner, "kernels_interpreted", lambda: False)
     monkeypatch.setattr(_triton, "kernels_interpreted", lambda: False)
     monkeypatch.setattr(prepass, "PREPASS_TILES", {key: (32, 1) for key in prepass.PREPASS_TILES})
-    for name, value in (("STAGES", 3), ("CORR_MMA", False), ("OVERLAP", False), ("OUT_TMA", False)):
+    for name, value in (("STAGES", 3), ("OUT_TMA", False)):
         monkeypatch.setattr(hopper, name, value)
     after = fused.run_plan(p, q, k, v)
     assert torch.equal(before.out, after.out) and torch.equal(before.lse, after.lse)
@@ -109,9 +109,9 @@ def test_the_launch_reads_the_spec_not_the_old_globals(planner, monkeypatch):
 @pytest.mark.skipif(not __import__("mxattention.kernels.attention_fwd_hopper").kernels.attention_fwd_hopper.HAS_GLUON,
                     reason="this Triton has no Gluon")  # fmt: skip
 def test_the_gluon_launch_reads_the_spec_not_the_old_globals(planner, monkeypatch):
-    """The Gluon forward's schedule (STAGES, CORR_MMA), O by TMA (OUT_TMA) and P~'s hardware cast
-    are the plan's (`plan.gluon_fwd_spec`); its launcher builds the same launch whatever the module
-    flags say afterwards."""
+    """The Gluon forward's ring (STAGES), producer registers (PRODUCER_REGS_CORR with Q smoothing), O
+    by TMA (OUT_TMA) and P~'s hardware cast are the plan's (`plan.gluon_fwd_spec`); its launcher
+    builds the same launch whatever the module flags say afterwards."""
     from mxattention.kernels import attention_fwd_hopper as hopper
 
     monkeypatch.setattr(planner, "current_target", lambda device: targets.SM_90A)
@@ -120,7 +120,10 @@ def test_the_gluon_launch_reads_the_spec_not_the_old_globals(planner, monkeypatc
     q, k, v = _qkv(d=128, n=200, h=2)
     p = planner.plan_call(get_method("mxattention-pv8-smooth"), q, k, v, scale=0.1, matrix_path="bf16")
     assert (
-        p.fwd_kernel == "gluon" and p.fwd["O_TMA"] and p.fwd["CORR_MMA"] and p.fwd["STAGES"] == hopper.STAGES
+        p.fwd_kernel == "gluon"
+        and p.fwd["O_TMA"]
+        and p.fwd["PRODUCER_REGS"] == hopper.PRODUCER_REGS_CORR
+        and p.fwd["STAGES"] == hopper.STAGES
     )
     qp = (torch.zeros(1, 2, 256, 128, dtype=torch.uint8), torch.zeros(1, 2, 256, 4, dtype=torch.uint8))
     kx = torch.zeros(1, 2, 256, 128, dtype=BF16)
@@ -130,7 +133,7 @@ def test_the_gluon_launch_reads_the_spec_not_the_old_globals(planner, monkeypatc
     _, call = hopper.gluon_launch(p.fwd, qp, kx, kx, **kw)
     for name, value in (
         ("STAGES", 3),
-        ("CORR_MMA", False),
+        ("PRODUCER_REGS_CORR", 24),
         ("OUT_TMA", False),
         ("HW_E4M3_CAST", frozenset()),
     ):

@@ -24,15 +24,20 @@ Structure (one CTA per 128 query rows of one (batch, head)):
 - two consumer partitions (4 warps = one warpgroup each) own 64 query rows each, with their own
   Q^ (decoded once into shared memory) and (m, l, O~) in registers. They share the K^ / V^ tiles
   but not the time: each runs its own softmax while the other's wgmmas use the tensor cores.
-- OVERLAP (intra-warpgroup pipelining): S_{j+1} = Q^ K^_{j+1}^T and P^_j V^_j are both in flight
-  while the softmax of tile j + 1 runs; the rescale of O~ by alpha waits for P^_j V^_j, so O~ sees
-  the same sequence of operations as in the `tl` kernel.
+- intra-warpgroup pipelining: S_{j+1} = Q^ K^_{j+1}^T and P^_j V^_j are both in flight while the
+  softmax of tile j + 1 runs; the rescale of O~ by alpha waits for P^_j V^_j, so O~ sees the same
+  sequence of operations as in the `tl` kernel.
+
+That is the only schedule it has: the variants measured against it (no overlap, the consumers'
+ping-pong, 3 ring stages, Q smoothing's correction row loaded by the consumers instead of made by
+the producer; benchmarks/NOTES.md v12a, v13-corr) were no faster and left the kernel (git show
+ba53bdc:src/mxattention/kernels/attention_fwd_hopper.py has them).
 
 The kernel builds its device-side parameters once and hands them to the partitions as aggregates
 (FlashAttention-3's mainloop / epilogue params): `KVRing` (the shared-memory ring and its
 barriers), `QTile` (one consumer's rows of Q^), `KeyLoop` (what each tile's softmax reads),
-`Epilogue` (where O and lse go) and `Schedule` (how a consumer issues its wgmmas). The P~ step and
-the finish are `online_softmax`'s, the `tl` kernel's own functions.
+`Epilogue` (where O and lse go). The P~ step and the finish are `online_softmax`'s, the `tl`
+kernel's own functions.
 """
 
 from __future__ import annotations
@@ -76,15 +81,12 @@ FWD_KERNELS = ("gluon", "tl")
 HEAD_DIM = 128  # DQ = DV
 BLOCK_M = 128  # query rows per CTA: two consumers of 64
 BLOCK_N = 128  # keys per tile (cfg.block_n must be this)
-# K^ / V^ ring stages, registers per consumer / producer thread (setmaxnreg), consumer pipelining.
-STAGES, CONSUMER_REGS, PRODUCER_REGS, OVERLAP, PINGPONG = 2, 240, 24, True, False
+# K^ / V^ ring stages, registers per consumer / producer thread (setmaxnreg).
+STAGES, CONSUMER_REGS, PRODUCER_REGS = 2, 240, 24
 NUM_WARPS = 4  # the default partition's (consumer 0's) warps
 # The producer that writes the correction's parts holds the next tile's keys too (`_corr_row`): 24
 # registers spill there with Triton 3.9; 4 warps x 32 more fit beside two 240-register consumers.
 PRODUCER_REGS_CORR = 32
-# Q smoothing's correction row into the QK accumulator: one k16 wgmma of its bf16 parts, which the
-# producer writes (True), or shared-memory loads and moves in the consumers (False).
-CORR_MMA = True
 # O leaves through shared memory by one TMA store per consumer where out's strides allow a
 # descriptor and its dtype is 2 bytes (the tile then fits in the consumer's Q^ buffer; docs/design.md,
 # 'O by TMA store').
@@ -101,9 +103,9 @@ if HAS_GLUON:
     class KVRing:
         """The CTA's K^ / V^ ring, shared by the producer and both consumers: STAGES slots of K^_j
         (k [STAGES, BN, DQ]) and V^_j (v [STAGES, BN, DV]), bf16; Q smoothing's correction slots c
-        (SMOOTH 1: the fp32 row [STAGES, 1, BN]; 2: its bf16 parts [STAGES, 16, BN], `_corr_parts`;
-        0: none, c is k and never read); per slot the mbarriers k_ready / v_ready (TMA bytes landed;
-        k_ready also the producer's parts with SMOOTH 2) and k_empty / v_empty (both consumers done)."""
+        (SMOOTH: the row's bf16 parts [STAGES, 16, BN], `_corr_parts`; else c is k and never read);
+        per slot the mbarriers k_ready / v_ready (TMA bytes landed; k_ready also the producer's parts
+        with SMOOTH) and k_empty / v_empty (both consumers done)."""
 
         k: gl.shared_memory_descriptor
         v: gl.shared_memory_descriptor
@@ -201,26 +203,6 @@ if HAS_GLUON:
             self.OUT_MAX = gl.constexpr(OUT_MAX)
             self.O_TMA = gl.constexpr(O_TMA)
 
-    @aggregate
-    class Schedule:
-        """How a consumer issues its wgmmas. OVERLAP: S_{j+1} and P^_j V^_j in flight under the
-        softmax of tile j + 1 (production; False: every product waited for, for experiments).
-        PINGPONG (experiments; needs OVERLAP): the two consumers take turns issuing, through the
-        turn mbarriers mine / other; ME: this consumer, 0 or 1."""
-
-        mine: gl.shared_memory_descriptor
-        other: gl.shared_memory_descriptor
-        ME: gl.constexpr
-        OVERLAP: gl.constexpr
-        PINGPONG: gl.constexpr
-
-        def __init__(self, mine, other, ME, OVERLAP, PINGPONG):
-            self.mine = mine
-            self.other = other
-            self.ME = gl.constexpr(ME)
-            self.OVERLAP = gl.constexpr(OVERLAP)
-            self.PINGPONG = gl.constexpr(PINGPONG)
-
     @builtin
     def _smem_as(buf, dtype, shape, layout, _semantic=None):
         """buf viewed with another dtype, shape and layout: Gluon's `reinterpret` (`_reinterpret`
@@ -268,28 +250,23 @@ if HAS_GLUON:
     def _producer(k_desc, v_desc, c_desc, ring, kv_row0, c_row, LKP, n_tiles):
         """TMA K^_j, V^_j (rows kv_row0 + j BN of the [B Hkv LKP, D] views) into KVRing slot
         j % STAGES once both consumers released it (a fresh barrier passes the parity-1 wait);
-        SMOOTH (0 none, 1 row, 2 parts): also keys [j BN, (j + 1) BN) of correction row c_row, on
-        K^_j's barrier: by TMA as fp32 (1), or in three bf16 parts written by this warp (2,
-        `_corr_parts`)."""
+        SMOOTH: also keys [j BN, (j + 1) BN) of correction row c_row, on K^_j's barrier, in three
+        bf16 parts written by this warp (`_corr_parts`)."""
         BN: gl.constexpr = k_desc.block_type.shape[0]
         STAGES: gl.constexpr = ring.STAGES
         SMOOTH: gl.constexpr = ring.SMOOTH
-        if SMOOTH == 2:  # the next tile's correction keys in flight while this tile waits (see _corr_row)
+        if SMOOTH:  # the next tile's correction keys in flight while this tile waits (see _corr_row)
             c_next = _corr_row(c_desc, c_row, LKP, 0, BN)
         for j in range(n_tiles):
             slot = j % STAGES
             phase = ((j // STAGES) & 1) ^ 1
-            if SMOOTH == 2:
+            if SMOOTH:
                 c = c_next
                 c_next = _corr_row(c_desc, c_row, LKP, (j + 1) * BN, BN)
             mbarrier.wait(ring.k_empty.index(slot), phase)
-            if SMOOTH == 1:
-                mbarrier.expect(ring.k_ready.index(slot), k_desc.block_type.nbytes + c_desc.block_type.nbytes)
-                _tma_load(c_desc, [c_row, j * BN], ring.k_ready.index(slot), ring.c.index(slot))
-            else:
-                mbarrier.expect(ring.k_ready.index(slot), k_desc.block_type.nbytes)
+            mbarrier.expect(ring.k_ready.index(slot), k_desc.block_type.nbytes)
             _tma_load(k_desc, [kv_row0 + j * BN, 0], ring.k_ready.index(slot), ring.k.index(slot))
-            if SMOOTH == 2:
+            if SMOOTH:
                 ring.c.index(slot).store(_corr_parts(c))
                 fence_async_shared()  # the generic-proxy stores before the wgmma (async proxy) reads them
                 mbarrier.arrive(ring.k_ready.index(slot))  # the barrier's second arrival (init count 2)
@@ -327,11 +304,11 @@ if HAS_GLUON:
 
     @gluon.jit
     def _qk(q_smem, ring, slot, zero):
-        """Issue S = Q^ K^_slot^T (async; K^ landed), SMOOTH (> 0): from the correction row qm K^T as
-        the initial accumulator (exact in fp32; the `tl` kernel's `s + corr` becomes the same),
-        read from shared memory and broadcast (1) or made by one k16 wgmma, ones [R, 16] (columns
-        0-2) x the row's three bf16 parts (2: no loads or moves per tile)."""
-        if ring.SMOOTH == 2:
+        """Issue S = Q^ K^_slot^T (async; K^ landed), SMOOTH: from the correction row qm K^T as the
+        initial accumulator (exact in fp32; the `tl` kernel's `s + corr` becomes the same), made by
+        one k16 wgmma, ones [R, 16] (columns 0-2) x the row's three bf16 parts (no loads or moves
+        per tile)."""
+        if ring.SMOOTH:
             R: gl.constexpr = zero.shape[0]
             dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=zero.type.layout, k_width=2)
             col = gl.arange(0, 16, layout=gl.SliceLayout(0, dot_a))[None, :]
@@ -339,14 +316,6 @@ if HAS_GLUON:
                 col < 3, gl.full([R, 16], 1.0, gl.bfloat16, dot_a), gl.zeros([R, 16], gl.bfloat16, dot_a)
             )
             acc = warpgroup_mma(ones, ring.c.index(slot), zero, use_acc=False, is_async=True)
-            s = warpgroup_mma(q_smem, ring.k.index(slot).permute((1, 0)), acc, use_acc=True, is_async=True)
-        elif ring.SMOOTH == 1:
-            BN: gl.constexpr = zero.shape[1]
-            flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-            row = _smem_as(ring.c.index(slot), gl.float32, [BN], flat).load(
-                gl.SliceLayout(0, zero.type.layout)
-            )
-            acc, _ = gl.broadcast(gl.expand_dims(row, 0), zero)
             s = warpgroup_mma(q_smem, ring.k.index(slot).permute((1, 0)), acc, use_acc=True, is_async=True)
         else:
             s = warpgroup_mma(q_smem, ring.k.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -374,7 +343,7 @@ if HAS_GLUON:
         return m_new, alpha, l, p
 
     @gluon.jit
-    def _overlap_step(j, m, l, o_tilde, p, q_smem, ring, zero, keys, sched, MASKED: gl.constexpr):
+    def _overlap_step(j, m, l, o_tilde, p, q_smem, ring, zero, keys, MASKED: gl.constexpr):
         """Key tile j >= 1 with the overlap: S_j and P^_{j-1} V^_{j-1} in flight together, the
         softmax of S_j under the latter; then O~ (P^_{j-1} V^_{j-1} added) times alpha_j."""
         BN: gl.constexpr = ring.k.type.shape[1]
@@ -383,12 +352,8 @@ if HAS_GLUON:
         prev = (j - 1) % STAGES
         mbarrier.wait(ring.k_ready.index(slot), (j // STAGES) & 1)
         mbarrier.wait(ring.v_ready.index(prev), ((j - 1) // STAGES) & 1)
-        if sched.PINGPONG:
-            mbarrier.wait(sched.mine, (j & 1) ^ (1 - sched.ME))
         s = _qk(q_smem, ring, slot, zero)
         o_tilde = warpgroup_mma(p, ring.v.index(prev), o_tilde, is_async=True)
-        if sched.PINGPONG:
-            mbarrier.arrive(sched.other)
         s, _k_done = warpgroup_mma_wait(1, deps=[s, ring.k.index(slot)])
         mbarrier.arrive(ring.k_empty.index(slot))
         m, alpha, l, p_next = _softmax(s, m, l, j * BN, keys, MASKED)
@@ -408,28 +373,10 @@ if HAS_GLUON:
         return m, l, o_tilde, p_next
 
     @gluon.jit
-    def _plain_step(j, m, l, o_tilde, q_smem, ring, zero, keys, MASKED: gl.constexpr):
-        """Key tile j without the overlap: S_j, softmax, O~ alpha + P^_j V^_j, each waited for."""
-        BN: gl.constexpr = ring.k.type.shape[1]
-        STAGES: gl.constexpr = ring.STAGES
-        slot = j % STAGES
-        mbarrier.wait(ring.k_ready.index(slot), (j // STAGES) & 1)
-        s = _qk(q_smem, ring, slot, zero)
-        s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(slot)])
-        mbarrier.arrive(ring.k_empty.index(slot))
-        m, alpha, l, p = _softmax(s, m, l, j * BN, keys, MASKED)
-        o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, o_tilde.type.layout))[:, None]
-        mbarrier.wait(ring.v_ready.index(slot), (j // STAGES) & 1)
-        o_tilde = warpgroup_mma(p, ring.v.index(slot), o_tilde, is_async=True)
-        o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, ring.v.index(slot), p])
-        mbarrier.arrive(ring.v_empty.index(slot))
-        return m, l, o_tilde
-
-    @gluon.jit
-    def _consumer(q, ring, keys, epi, sched):
+    def _consumer(q, ring, keys, epi):
         """Rows [row0, row0 + 64) of this CTA's query tile (QTile q): the key loop over the KVRing
-        ring (KeyLoop keys, Schedule sched) and the epilogue (Epilogue epi). O goes through q_smem
-        and o_desc where epi.O_TMA, else by gl.store."""
+        ring (KeyLoop keys) and the epilogue (Epilogue epi). O goes through q_smem and o_desc where
+        epi.O_TMA, else by gl.store."""
         q_smem = q.q_smem
         R: gl.constexpr = q_smem.type.shape[0]
         BN: gl.constexpr = ring.k.type.shape[1]
@@ -448,38 +395,21 @@ if HAS_GLUON:
         l = gl.zeros_like(m)
         n_tiles = keys.n_tiles
         n_full = keys.Lk // BN  # tiles whose keys are all valid: no select on their scores
-        if sched.OVERLAP:
-            # PINGPONG: the consumers take turns issuing their wgmmas (turn barriers, one arrive per
-            # turn), so one's softmax runs while the other's products use the tensor cores; the
-            # parity trick lets consumer 0 (ME = 0) pass its first wait on a fresh barrier.
-            mbarrier.wait(ring.k_ready.index(0), 0)
-            if sched.PINGPONG:
-                mbarrier.wait(sched.mine, 1 - sched.ME)
-            s = _qk(q_smem, ring, 0, zero)
-            if sched.PINGPONG:
-                mbarrier.arrive(sched.other)
-            s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(0)])
-            mbarrier.arrive(ring.k_empty.index(0))
-            m, alpha, l, p = _softmax(s, m, l, 0, keys, True)
-            o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
-            for j in range(1, n_full):
-                m, l, o_tilde, p = _overlap_step(j, m, l, o_tilde, p, q_smem, ring, zero, keys, sched, False)
-            for j in range(gl.maximum(n_full, 1), n_tiles):
-                m, l, o_tilde, p = _overlap_step(j, m, l, o_tilde, p, q_smem, ring, zero, keys, sched, True)
-            last = (n_tiles - 1) % STAGES
-            mbarrier.wait(ring.v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
-            if sched.PINGPONG:
-                mbarrier.wait(sched.mine, (n_tiles & 1) ^ (1 - sched.ME))
-            o_tilde = warpgroup_mma(p, ring.v.index(last), o_tilde, is_async=True)
-            if sched.PINGPONG:
-                mbarrier.arrive(sched.other)
-            o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, ring.v.index(last), p])
-            mbarrier.arrive(ring.v_empty.index(last))
-        else:
-            for j in range(0, n_full):
-                m, l, o_tilde = _plain_step(j, m, l, o_tilde, q_smem, ring, zero, keys, False)
-            for j in range(n_full, n_tiles):
-                m, l, o_tilde = _plain_step(j, m, l, o_tilde, q_smem, ring, zero, keys, True)
+        mbarrier.wait(ring.k_ready.index(0), 0)
+        s = _qk(q_smem, ring, 0, zero)
+        s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(0)])
+        mbarrier.arrive(ring.k_empty.index(0))
+        m, alpha, l, p = _softmax(s, m, l, 0, keys, True)
+        o_tilde = o_tilde * gl.convert_layout(alpha, gl.SliceLayout(1, mma))[:, None]
+        for j in range(1, n_full):
+            m, l, o_tilde, p = _overlap_step(j, m, l, o_tilde, p, q_smem, ring, zero, keys, False)
+        for j in range(gl.maximum(n_full, 1), n_tiles):
+            m, l, o_tilde, p = _overlap_step(j, m, l, o_tilde, p, q_smem, ring, zero, keys, True)
+        last = (n_tiles - 1) % STAGES
+        mbarrier.wait(ring.v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+        o_tilde = warpgroup_mma(p, ring.v.index(last), o_tilde, is_async=True)
+        o_tilde, _v_done, _p_done = warpgroup_mma_wait(0, deps=[o_tilde, ring.v.index(last), p])
+        mbarrier.arrive(ring.v_empty.index(last))
 
         # O and lse in the layout of O~'s rows (the `tl` kernel's finish, `online_softmax`).
         l_rows = gl.convert_layout(l, gl.SliceLayout(1, mma))
@@ -546,12 +476,9 @@ if HAS_GLUON:
         QK_ELEM: gl.constexpr,
         OUT_MAX: gl.constexpr,
         STAGES: gl.constexpr,
-        OVERLAP: gl.constexpr,
-        PINGPONG: gl.constexpr,
         CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
         SMOOTH_Q_BLOCK: gl.constexpr,
-        CORR_MMA: gl.constexpr,
         O_TMA: gl.constexpr,
     ):
         BN: gl.constexpr = k_desc.block_type.shape[0]
@@ -568,10 +495,8 @@ if HAS_GLUON:
         k_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, DQ], k_desc.layout)
         v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, DV], v_desc.layout)
         # Q smoothing's correction Corr [B Hq NBQ, LKP] (fp32): this CTA's rows lie in one block.
-        SMOOTH: gl.constexpr = 0 if SMOOTH_Q_BLOCK == 0 else (2 if CORR_MMA else 1)
-        if SMOOTH == 1:
-            c_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BN], c_desc.layout)
-        elif SMOOTH == 2:
+        SMOOTH: gl.constexpr = SMOOTH_Q_BLOCK > 0
+        if SMOOTH:
             parts: gl.constexpr = gl.NVMMASharedLayout.get_default_for([16, BN], gl.bfloat16)
             c_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 16, BN], parts)
         else:
@@ -581,10 +506,13 @@ if HAS_GLUON:
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
-            mbarrier.init(k_ready.index(i), count=2 if SMOOTH == 2 else 1)  # + the producer's parts
+            mbarrier.init(k_ready.index(i), count=2 if SMOOTH else 1)  # + the producer's parts
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=2)  # one arrive per consumer partition
             mbarrier.init(v_empty.index(i), count=2)
+        # Two mbarriers no partition reads (the removed ping-pong's turns). Without them ptxas orders
+        # the consumers' key loops differently (same instructions per tile, Triton 3.6 and 3.9,
+        # 2026-12-03), so they stay until an H200 A/B shows that order costs nothing.
         turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(turns.index(i), count=1)
@@ -600,10 +528,8 @@ if HAS_GLUON:
         epi = Epilogue(Out, Lse, o_desc, b, h, out_base, lse_base, stride_om, stride_od, Lq, OUT_MAX, O_TMA)
         gl.warp_specialize(
             [
-                (_consumer, (QTile(Qc, Qs, q0, q_row0, row0, QK_ELEM), ring, keys, epi,
-                             Schedule(turns.index(0), turns.index(1), 0, OVERLAP, PINGPONG))),
-                (_consumer, (QTile(Qc, Qs, q1, q_row0 + R, row0 + R, QK_ELEM), ring, keys, epi,
-                             Schedule(turns.index(1), turns.index(0), 1, OVERLAP, PINGPONG))),
+                (_consumer, (QTile(Qc, Qs, q0, q_row0, row0, QK_ELEM), ring, keys, epi)),
+                (_consumer, (QTile(Qc, Qs, q1, q_row0 + R, row0 + R, QK_ELEM), ring, keys, epi)),
                 (_producer, (k_desc, v_desc, c_desc, ring, bhk * LKP, c_row, LKP, n_tiles)),
             ],
             [4, 1],
@@ -685,12 +611,6 @@ def _shared_layout(shape: tuple[int, ...], dtype) -> object:
     return gl.NVMMASharedLayout.get_default_for(list(shape), dtype)
 
 
-@functools.cache
-def _row_layout() -> object:
-    """Q smoothing's correction rows: one row of keys per tile, no swizzle (a flat [BN] vector)."""
-    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-
-
 def out_tma_ok(out: torch.Tensor) -> bool:
     """Whether TMA can write out [B, Hq, Lq, 128]: a 2-byte dtype, unit last stride, 16-byte aligned
     base and strides (the planner's `o_tma` of a call, with `OUT_TMA`)."""
@@ -726,18 +646,13 @@ def gluon_fwd_call(
     p_cvt: bool | None = None,
     lse: torch.Tensor | None = None,
     smooth_q: tuple[torch.Tensor, int] | None = None,
-    corr_mma: bool | None = None,
-    stages: int | None = None,
-    overlap: bool | None = None,
-    pingpong: bool | None = None,
 ) -> tuple[torch.Tensor, GluonFwdCall]:
     """(lse [B, Hq, Lq], the launch) for pre-pass outputs: Q^ = (codes [B, Hq, LQP, DQ/2] (E4M3:
     [.., DQ]), E8M0 bytes [B, Hq, LQP, DQ/32]), K^ [B, Hkv, LKP, 128] and V^ [B, Hkv, LKP, 128]
     bf16 (contiguous), out [B, Hq, Lq, 128] (any strides), as `attention_fwd.fwd_calls` takes
     them; smooth_q = (corr [B, Hq, ceil(Lq / block), LKP] fp32 contiguous, block): Q smoothing's
-    correction (`smoothing.smoothing_correction`), block a multiple of 128. p_cvt None: the hardware E4M3 cast where `targets.HW_E4M3_CAST` lists the target;
-    stages / overlap / pingpong None: the module's STAGES / OVERLAP / PINGPONG (experiments pass
-    others; PINGPONG needs OVERLAP)."""
+    correction (`smoothing.smoothing_correction`), block a multiple of 128. p_cvt None: the
+    hardware E4M3 cast where `targets.HW_E4M3_CAST` lists the target."""
     qc = q_packed[0]
     bsz, hq, lqp, _ = qc.shape
     hk, lkp = kx.shape[1], kx.shape[2]
@@ -766,8 +681,7 @@ def gluon_fwd_call(
         p_cvt = p_elem == "e4m3" and hw_e4m3_cast(current_target(qc.device))
     spec = gluon_fwd_spec(
         p_rule=p_rule, pnq=pnq, out_dtype=out.dtype, o_tma=OUT_TMA and out_tma_ok(out), p_elem=p_elem,
-        qk_elem=qk_elem, p_cvt=p_cvt, smooth_q_block=0 if smooth_q is None else smooth_q[1], stages=stages,
-        corr_mma=corr_mma, overlap=overlap, pingpong=pingpong,
+        qk_elem=qk_elem, p_cvt=p_cvt, smooth_q_block=0 if smooth_q is None else smooth_q[1],
     )  # fmt: skip
     return gluon_launch(spec, q_packed, kx, vx, lq=lq, lk=lk, group=group, out=out, scale=scale, lse=lse,
                         smooth_q=smooth_q)  # fmt: skip
@@ -809,11 +723,7 @@ def gluon_launch(
                 f"[B, Hq, ceil(Lq / block), LKP] = {[bsz, hq, nbq, lkp]} expected, got block {blk}, corr "
                 f"{tuple(corr.shape)} {corr.dtype}"
             )
-        if c["CORR_MMA"]:  # the producer reads the rows itself
-            c_desc = corr
-        else:  # one row of keys per tile, no swizzle: the consumers read it back as a flat [BN] vector
-            c2 = corr.view(bsz * hq * nbq, lkp)
-            c_desc = TensorDescriptor(c2, list(c2.shape), list(c2.stride()), [1, BLOCK_N], _row_layout())
+        c_desc = corr  # the producer reads the rows itself (`_corr_row`)
     assert blk == c["SMOOTH_Q_BLOCK"], (blk, c["SMOOTH_Q_BLOCK"])
     if lse is None:
         lse = torch.empty((bsz, hq, lq), dtype=torch.float32, device=qc.device)

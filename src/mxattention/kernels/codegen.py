@@ -48,15 +48,13 @@ class Case:
     seq: int = 1024
     heads: int = 2
     kernel: str = "tl"  # "gluon": the warp-specialized sm_90 forward (`attention_fwd_hopper`)
-    stages: int | None = None  # the Gluon forward's K^ / V^ ring stages (None: its STAGES)
 
     @property
     def label(self) -> str:
         path = f", {self.matrix_path}" if self.matrix_path else ""
         method = f", {self.method}" if self.method != "mxattention" else ""
         gluon = ", gluon" if self.kernel == "gluon" else ""
-        stages = f", {self.stages} stages" if self.stages else ""
-        return f"D {self.head_dim}" + (", causal" if self.causal else "") + path + method + gluon + stages
+        return f"D {self.head_dim}" + (", causal" if self.causal else "") + path + method + gluon
 
 
 @dataclass(frozen=True)
@@ -96,13 +94,13 @@ class Summary:
 
 def plan_for(target: Target, case: Case = Case()):
     """The `plan.KernelPlan` of `case` on `target`, asked of the planner (`plan.plan_call` with that
-    target and the case's forward kernel, matrix path and Gluon stages as `specs.PlanOverrides`):
+    target and the case's forward kernel and matrix path as `specs.PlanOverrides`):
     the launch `fused_attention` would make there."""
     from mxattention.kernels.plan import plan_call
     from mxattention.kernels.specs import PlanOverrides
 
     x = torch.empty(1, case.heads, case.seq, case.head_dim, dtype=torch.bfloat16)
-    overrides = PlanOverrides(matrix_path=case.matrix_path, fwd_kernel=case.kernel, gluon_stages=case.stages)
+    overrides = PlanOverrides(matrix_path=case.matrix_path, fwd_kernel=case.kernel)
     plan = plan_call(
         get_method(case.method), x, x, x, scale=case.head_dim**-0.5, is_causal=case.causal,
         overrides=overrides, target=target,
@@ -392,7 +390,7 @@ def summarize_gluon(target: Target, case: Case = Case(kernel="gluon")) -> dict:
         instructions_per_tile=[len(b) for b in per_tile],
         pv_wait_after_exps=[_last(b, "WARPGROUP.DEPBAR") > _last(b, "MUFU.EX2") for b in per_tile],
         instructions=len(sass), shared=compiled.metadata.shared, stages=call.constants["STAGES"],
-        overlap=call.constants["OVERLAP"], compile_s=round(seconds, 2),
+        compile_s=round(seconds, 2),
     )  # fmt: skip
 
 
@@ -412,9 +410,9 @@ TARGETS_BY_NAME = {t.name: t for t in (*MX_TARGETS, SM_90A)}
 
 
 def parse_spec(spec: str) -> tuple[Target, Case]:
-    """A build named as TARGET[/dHEAD_DIM][/causal][/bf16|/dot_scaled][/METHOD][/gluon[/sSTAGES]], e.g.
-    "sm_120a/d128/causal", "sm_100a/d128/mxattention-pv8" (a preset's name), "sm_90a/gluon"
-    (the Gluon forward, `summarize_gluon`) or "sm_90a/mxattention-pv8-smooth/gluon/s3"."""
+    """A build named as TARGET[/dHEAD_DIM][/causal][/bf16|/dot_scaled][/METHOD][/gluon], e.g.
+    "sm_120a/d128/causal", "sm_100a/d128/mxattention-pv8" (a preset's name) or
+    "sm_90a/mxattention-pv8-smooth/gluon" (the Gluon forward, `summarize_gluon`)."""
     from mxattention.attention.config import PRESETS
 
     name, *parts = spec.split("/")
@@ -432,11 +430,9 @@ def parse_spec(spec: str) -> tuple[Target, Case]:
             kw["method"] = part
         elif part == "gluon":
             kw["kernel"] = "gluon"
-        elif re.fullmatch(r"s\d", part):
-            kw["stages"] = int(part[1:])
         else:
             raise ValueError(
-                f"build {spec!r}: {part!r} is not dN, causal, bf16, dot_scaled, gluon, sN or a preset"
+                f"build {spec!r}: {part!r} is not dN, causal, bf16, dot_scaled, gluon or a preset"
             )
     return TARGETS_BY_NAME[name], Case(**kw)
 

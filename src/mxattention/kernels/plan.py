@@ -403,26 +403,13 @@ def gluon_fwd_spec(
     qk_elem: str = "e2m1",
     p_cvt: bool = False,
     smooth_q_block: int = 0,
-    stages: int | None = None,
-    corr_mma: bool | None = None,
-    overlap: bool | None = None,
-    pingpong: bool | None = None,
 ) -> FwdSpec:
-    """The `attention_fwd_hopper` launch of a call: its ring `stages`, whether the producer writes Q
-    smoothing's correction parts (`corr_mma`: only where they fit in shared memory, <= 2 stages),
-    O by TMA store (`o_tma`: where out takes a descriptor, `attention_fwd_hopper.out_tma_ok`), the
-    hardware E4M3 cast (`p_cvt`); None: the module's frozen defaults (STAGES, CORR_MMA, OVERLAP,
-    PINGPONG), which experiments override. Raises ValueError for corr_mma=True past 2 stages."""
+    """The `attention_fwd_hopper` launch of a call: Q smoothing's block (`smooth_q_block`, 0 for
+    none; the producer then writes the correction's parts), O by TMA store (`o_tma`: where out takes
+    a descriptor, `attention_fwd_hopper.out_tma_ok`), the hardware E4M3 cast (`p_cvt`); the ring's
+    STAGES and the partitions' registers are the module's."""
     from mxattention.kernels import attention_fwd_hopper as hopper
 
-    n_stages = hopper.STAGES if stages is None else stages
-    # The parts ring (4 KiB a stage) does not fit beside 3 K^ / V^ stages (242 KB of shared
-    # memory, the H200 has 227 KiB): there the row is loaded (231 KB).
-    if corr_mma is None:
-        corr_mma = hopper.CORR_MMA and n_stages <= 2
-    elif corr_mma and n_stages > 2:
-        raise ValueError(f"corr_mma=True takes at most 2 stages (shared memory), got stages={n_stages}")
-    producer_parts = bool(smooth_q_block and corr_mma)  # the producer writes the parts (SMOOTH 2)
     ceil, q_exp, q_mant = p_rule
     constexprs = dict(
         DQ=hopper.HEAD_DIM,
@@ -434,13 +421,10 @@ def gluon_fwd_spec(
         P_CVT=bool(p_cvt and p_elem == "e4m3"),
         QK_ELEM=qk_elem,
         OUT_MAX=torch.finfo(out_dtype).max if out_dtype in (torch.float16, torch.bfloat16) else 0.0,
-        STAGES=n_stages,
-        OVERLAP=hopper.OVERLAP if overlap is None else overlap,
-        PINGPONG=hopper.PINGPONG if pingpong is None else pingpong,
+        STAGES=hopper.STAGES,
         CONSUMER_REGS=hopper.CONSUMER_REGS,
-        PRODUCER_REGS=hopper.PRODUCER_REGS_CORR if producer_parts else hopper.PRODUCER_REGS,
+        PRODUCER_REGS=hopper.PRODUCER_REGS_CORR if smooth_q_block else hopper.PRODUCER_REGS,
         SMOOTH_Q_BLOCK=smooth_q_block,
-        CORR_MMA=producer_parts,
         O_TMA=o_tma,
     )
     return FwdSpec(FwdKernel.GLUON, tuple(constexprs.items()), hopper.NUM_WARPS)
@@ -758,7 +742,7 @@ def plan_call(
         o_tma = fwd_hopper.OUT_TMA and out_dtype in (torch.bfloat16, torch.float16)
         fwd_spec = gluon_fwd_spec(
             p_rule=p_rule, pnq=cfg.pnq, out_dtype=out_dtype, o_tma=o_tma, p_elem=cfg.p.elem,
-            qk_elem=qe, p_cvt=p_cvt, smooth_q_block=blk, stages=o.gluon_stages, corr_mma=o.gluon_corr_mma,
+            qk_elem=qe, p_cvt=p_cvt, smooth_q_block=blk,
         )  # fmt: skip
     else:
         fwd_spec = tl_fwd_spec(

@@ -106,8 +106,7 @@ class BuildFailure(RuntimeError):
 class PlanOverrides:
     """Options of `plan.plan_call` beyond the call (None: the planner's default): the forward's tiles
     and path, the K^ / V^ layout and chunking, the forward kernel, the head chunks' streams, and the
-    Gluon forward's schedule (`gluon_stages`, `gluon_corr_mma`; experiments only) and the pre-pass
-    tiles (`prepass_tiles`: (key, (rows, warps)) pairs over `prepass.PREPASS_TILES`)."""
+    pre-pass tiles (`prepass_tiles`: (key, (rows, warps)) pairs over `prepass.PREPASS_TILES`)."""
 
     matrix_path: str | None = None
     block_m: int | None = None
@@ -117,6 +116,4 @@ class PlanOverrides:
     kv_chunk_bytes: int | str | None = "auto"
     fwd_kernel: str | None = None
     chunk_streams: int | None = None
-    gluon_stages: int | None = None
-    gluon_corr_mma: bool | None = None
     prepass_tiles: tuple[tuple[str, tuple[int, int]], ...] = field(default=())

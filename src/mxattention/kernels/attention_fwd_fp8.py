@@ -472,7 +472,6 @@ def run_chunk_fp8(plan, chunk, query, key, value, out, lse, dbg, mask, is_causal
     fold passes, the FP8 kernel; writes this chunk's slices of out, lse (and dbg); returns the
     operands, which the caller keeps referenced while the kernel may read them."""
     from mxattention.kernels.prepass import prepass_qk, prepass_v
-    from mxattention.kernels.targets import hw_e4m3_cast
 
     lq, hk, lk, dv = query.shape[2], key.shape[1], key.shape[2], value.shape[3]
     group = query.shape[1] // hk
@@ -490,7 +489,7 @@ def run_chunk_fp8(plan, chunk, query, key, value, out, lse, dbg, mask, is_causal
         *ops, lq=lq, lk=lk, dv=dv, group=group, out=out[bs, qh], p_rule=plan.p_rule, pnq=plan.pnq,
         block_n=plan.block_n, is_causal=is_causal, mask=None if mask is None else mask[bs, qh],
         block_m=plan.block_m, num_warps=plan.num_warps, num_stages=plan.num_stages, debug_p=dbg_chunk,
-        p_cvt=HW_P_CAST and hw_e4m3_cast(plan.target),
+        p_cvt=plan.p_cvt,
     )  # fmt: skip
     if dbg is not None:
         dbg[bs, qh] = dbg_chunk

@@ -34,7 +34,7 @@ import torch
 from mxattention.attention.config import AttentionConfig
 from mxattention.attention.keys import config_from_key
 from mxattention.kernels._triton import HAS_TRITON, kernels_interpreted, sm_count
-from mxattention.kernels.attention_fwd_fp8 import fp8_reason
+from mxattention.kernels.attention_fwd_fp8 import HW_P_CAST, fp8_reason
 from mxattention.kernels.online_softmax import LOG2E
 from mxattention.kernels.prepass import PassPlan, padded_dim, padded_len, qk_pass, v_pass, varlen_v_len
 from mxattention.kernels.rules import KERNEL_ELEMS, rule_constants
@@ -732,8 +732,10 @@ def plan_call(
         chunks.append(ChunkPlan(bs, hs, *by_heads[heads]))
     pr = rule_constants(cfg.p.rule, cfg.p.elem)
     p_rule = (pr.ceil, pr.q_exp, pr.q_mant)
-    # E4M3 P~ by the hardware cast only where it was checked equal (targets.HW_E4M3_CAST).
-    p_cvt = cfg.p.elem == "e4m3" and hw_e4m3_cast(target)
+    # E4M3 P~ by the hardware cast only where it was checked equal (targets.HW_E4M3_CAST); the fast
+    # mode's folded P~ (also E4M3) only while `attention_fwd_fp8.HW_P_CAST` allows it.
+    wants_cvt = HW_P_CAST if cfg.mma == "fp8" else cfg.p.elem == "e4m3"
+    p_cvt = wants_cvt and hw_e4m3_cast(target)
     interpreted = kernels_interpreted()
     # The interpreter writes an fp32 O (its fp32 -> bf16 cast truncates); torch casts it after.
     out_dtype = torch.float32 if interpreted else query.dtype

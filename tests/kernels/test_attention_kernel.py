@@ -212,6 +212,12 @@ def test_kv_heads_per_chunk():
     assert kv_heads_per_chunk(1, 40, 16384, 128, 128) == 20  # two balanced chunks, not 32 + 8
     big = kv_heads_per_chunk(1, 40, 75648, 128, 128)
     assert 2 * 75648 * 256 * big <= 40 * 75648 * 256 * (0.5 + 1 / 32)
+    # On a GPU also 1/64 of its memory: the H200's 141 GiB hold Wan 14B's 75k K^ + V^ in one chunk,
+    # a 24 GiB card's 384 MiB the 16k call's (320 MiB).
+    assert kv_heads_per_chunk(1, 40, 75648, 128, 128, device_bytes=150_000_000_000) == 40
+    assert kv_heads_per_chunk(1, 40, 75648, 128, 128, device_bytes=24 * 2**30) == big
+    assert kv_heads_per_chunk(1, 40, 16384, 128, 128, device_bytes=24 * 2**30) == 40
+    assert kv_heads_per_chunk(1, 40, 16384, 128, 128, device_bytes=16 * 2**30) == 20
     for bad in (0, -5, 1.5, "big", True):
         with pytest.raises(ValueError, match="kv_chunk_bytes"):
             kv_heads_per_chunk(1, 40, 4096, 128, 128, bad)

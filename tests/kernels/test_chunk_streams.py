@@ -131,9 +131,11 @@ def test_default_is_two_streams_only_where_waves_are_recovered(monkeypatch):
 
 @pytest.mark.skipif(not hopper.HAS_GLUON, reason="this Triton has no Gluon")
 def test_default_on_an_h200(monkeypatch):
-    """Planned as on an H200 (132 SMs, sm_90, the Gluon forward): 16k and HunyuanVideo take two
-    streams, Wan 75k (nothing to recover, 1.1 % slower measured) and the one-chunk cross-attention
-    one, for both presets."""
+    """Planned as on an H200 (132 SMs, 141 GiB, sm_90, the Gluon forward): 1/64 of its memory holds
+    every benchmark shape's K^ + V^ in one chunk (one stream); Q smoothing's correction, 4 bytes per
+    query block and key, takes 4 chunks at Wan 75k. With a 16 GiB card (1/64: the 256 MiB floor), the bounds
+    of before: 16k and HunyuanVideo take two streams, Wan 75k (nothing to recover, 1.1 % slower
+    measured) and the one-chunk cross-attention one."""
     from types import SimpleNamespace
 
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
@@ -142,16 +144,26 @@ def test_default_on_an_h200(monkeypatch):
     )
     monkeypatch.setattr(plan, "current_target", lambda device: targets.SM_90A)
     monkeypatch.setattr(plan, "kernels_interpreted", lambda: False)
-    for shape, want in [
+    h200 = [
+        ((1, 40, 40, 16384, 16384, 128), {"mxattention": (1, 1), "mxattention-pv8-smooth": (1, 1)}),
+        ((1, 24, 24, 32760, 32760, 128), {"mxattention": (1, 1), "mxattention-pv8-smooth": (1, 1)}),
+        ((1, 40, 40, 75600, 75600, 128), {"mxattention": (1, 1), "mxattention-pv8-smooth": (4, 1)}),
+        ((1, 40, 40, 75600, 512, 128), {"mxattention": (1, 1), "mxattention-pv8-smooth": (1, 1)}),
+    ]
+    small = [
         ((1, 40, 40, 16384, 16384, 128), {"mxattention": (4, 2), "mxattention-pv8-smooth": (4, 2)}),
         ((1, 24, 24, 32760, 32760, 128), {"mxattention": (4, 2), "mxattention-pv8-smooth": (6, 2)}),
         ((1, 40, 40, 75600, 75600, 128), {"mxattention": (4, 1), "mxattention-pv8-smooth": (20, 1)}),
-        ((1, 40, 40, 75600, 512, 128), {"mxattention": (1, 1), "mxattention-pv8-smooth": (1, 1)}),
-    ]:
+    ]
+    cases = [(150_000_000_000, shape, want) for shape, want in h200]
+    cases += [(16 * 2**30, shape, want) for shape, want in small]
+    for memory, shape, want in cases:
+        monkeypatch.setattr(plan, "device_memory", lambda device, memory=memory: memory)
         q, k, v = _meta(*shape)
         for method, (chunks, streams) in want.items():
             p = plan.plan_call(get_method(method), q, k, v, scale=0.1)
             assert p.fwd_kernel == "gluon" and (len(p.chunks), p.chunk_streams) == (chunks, streams), (
+                memory,
                 shape,
                 method,
             )

@@ -86,10 +86,11 @@ def test_the_launch_reads_the_spec_not_the_old_globals(planner, monkeypatch):
     """Once planned, the module state that used to decide a launch (the interpreter switch behind
     DOT_T / EXP_FLUSH, the pre-pass tile table, the Gluon schedule flags) changes nothing: the
     kernel gets the spec's constexprs and the same bits come out."""
-    from mxattention.kernels import _triton, attention_fwd, fused, prepass
+    from mxattention.kernels import _triton, attention_fwd, fused, prepass, program
     from mxattention.kernels import attention_fwd_hopper as hopper
 
     q, k, v = _qkv()
+    monkeypatch.setenv(program.PROGRAMS_ENV, "0")  # the launchers themselves, not a replay of them
     p = planner.cached_plan("mxattention", q, k, v, 0.125)
     before = fused.run_plan(p, q, k, v)
     spy = _Spy(attention_fwd._mx_attention_fwd_kernel)
@@ -273,7 +274,8 @@ def test_a_cached_slot_launches_its_compiled_kernel_directly(monkeypatch):
 
 @interpreted_only
 def test_the_interpreter_launches_a_cached_plan_through_the_jit(planner, monkeypatch):
-    """On Triton's interpreter a cached plan's every launch is the normal one (no compiled kernel)."""
+    """On Triton's interpreter a cached plan's every launch is the normal one (no compiled kernel);
+    the second call replays the first one's launches (`program.CallProgram`) through the JIT too."""
     from mxattention.kernels import attention_fwd, fused, launch
 
     assert not launch.direct_launch_enabled()
@@ -286,4 +288,5 @@ def test_the_interpreter_launches_a_cached_plan_through_the_jit(planner, monkeyp
     monkeypatch.setattr(attention_fwd, "_mx_attention_fwd_kernel", spy)
     for _ in range(2):
         fused.run_plan(p, q, k, v)
-    assert len(spy.launches) == 2 and set(p.launches) == {(0, "q"), (0, "k"), ((0, "v"), 0), ((0, "fwd"), 0)}
+    slots = {(0, "q"), (0, "k"), ((0, "v"), 0), ((0, "fwd"), 0), "program"}
+    assert len(spy.launches) == 2 and set(p.launches) == slots

@@ -17,11 +17,23 @@ this Triton's objects lack what the direct path uses (`JITFunction.device_caches
 from __future__ import annotations
 
 import os
+import threading
 
 from mxattention.kernels._triton import kernels_interpreted
 
 DIRECT_LAUNCH_ENV = "MXATTENTION_DIRECT_LAUNCH"
 _UNAVAILABLE = object()  # a slot whose kernel launches the normal way (no direct path here)
+_local = threading.local()  # .recorder: the `program.Recording` watching this thread's run, if any
+
+
+def set_recorder(recorder) -> None:
+    """Hand this thread's launches to `recorder` (a `program.Recording`), or back (None)."""
+    _local.recorder = recorder
+
+
+def direct_or_none(runner):
+    """A slot's direct runner, or None where the slot launches through Triton's JIT."""
+    return None if runner is None or runner is _UNAVAILABLE else runner
 
 
 def direct_launch_enabled() -> bool:
@@ -31,7 +43,19 @@ def direct_launch_enabled() -> bool:
 
 
 def launch(kernel, grid: tuple, args: tuple, kwargs: dict, slot: tuple[dict, object] | None = None) -> None:
-    """Launch `kernel[grid](*args, **kwargs)`; with a `slot` of a cached plan, directly after the first time."""
+    """Launch `kernel[grid](*args, **kwargs)`; with a `slot` of a cached plan, directly after the first
+    time. Under a `program.Recording` the launch is also kept for the plan's program."""
+    recorder = getattr(_local, "recorder", None)
+    if recorder is not None:
+        recorder.launch(kernel, grid, args, kwargs, slot)
+        return
+    launch_now(kernel, grid, args, kwargs, slot)
+
+
+def launch_now(
+    kernel, grid: tuple, args: tuple, kwargs: dict, slot: tuple[dict, object] | None = None
+) -> None:
+    """`launch` without a recorder."""
     if slot is None:
         kernel[grid](*args, **kwargs)
         return

@@ -23,6 +23,7 @@ arguments are the caller's, checked once at the boundary (`attention.inputs`,
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import struct
@@ -57,6 +58,11 @@ CPU_KERNELS_ENV = "MXATTENTION_CPU_KERNELS"
 # of the whole call): extra memory stays within the packed operands plus a constant, and a chunk
 # still fills the GPU for many waves (benchmarks/NOTES.md, v6).
 KV_CHUNK_MIN_BYTES = 256 * 2**20
+# "auto" also lets a chunk take this share of the GPU's memory: one chunk is one set of launches
+# (host time per call) and runs as fast as two streams of chunks (H200, 16k-75k tokens: 0.992-1.003x,
+# benchmarks/results/probe_host_h200.json); on the H200 (141 GiB) that is 2.2 GiB, one chunk at
+# Wan 14B's 75,600 tokens (1.5 GiB of K^ + V^), on a 24 GiB card 384 MiB.
+KV_CHUNK_DEVICE_SHARE = 1 / 64
 # Every kernel launches (tiles, batch x heads): CUDA's second grid axis holds at most 65535, so a call
 # with more batch x heads runs in pieces of batches (and, past 65535 heads, of heads).
 GRID_Y_MAX = 65535
@@ -202,25 +208,41 @@ def launch_config(
     return tiles.block_m, path, layout, tiles.num_warps, tiles.num_stages, tiles.options
 
 
-def chunk_bytes(b: int, hk: int, lkp: int, dp: int, dvp: int, kv_chunk_bytes: int | str = "auto") -> int:
+def chunk_bytes(
+    b: int, hk: int, lkp: int, dp: int, dvp: int, kv_chunk_bytes: int | str = "auto", device_bytes: int = 0
+) -> int:
     """The bytes a head chunk's buffers may take: `kv_chunk_bytes`, or for "auto"
-    max(KV_CHUNK_MIN_BYTES, the packed K/V bytes of the whole call)."""
+    max(KV_CHUNK_MIN_BYTES, the packed K/V bytes of the whole call, KV_CHUNK_DEVICE_SHARE of
+    `device_bytes`, the memory of the GPU the call runs on, 0 off a GPU)."""
     if kv_chunk_bytes == "auto":
-        return max(KV_CHUNK_MIN_BYTES, int(b * hk * lkp * (dp + dvp) * (0.5 + 1 / 32)))
+        packed = int(b * hk * lkp * (dp + dvp) * (0.5 + 1 / 32))
+        return max(KV_CHUNK_MIN_BYTES, packed, int(device_bytes * KV_CHUNK_DEVICE_SHARE))
     if isinstance(kv_chunk_bytes, bool) or not isinstance(kv_chunk_bytes, int) or kv_chunk_bytes <= 0:
         raise ValueError(f"kv_chunk_bytes must be a positive int, 'auto' or None, got {kv_chunk_bytes!r}")
     return kv_chunk_bytes
 
 
+@functools.cache
+def device_memory(device: torch.device) -> int:
+    """The total memory of a CUDA device, bytes (asked once per device)."""
+    return int(torch.cuda.get_device_properties(device).total_memory)
+
+
 def kv_heads_per_chunk(
-    b: int, hk: int, lkp: int, dp: int, dvp: int, kv_chunk_bytes: int | str | None = "auto"
+    b: int,
+    hk: int,
+    lkp: int,
+    dp: int,
+    dvp: int,
+    kv_chunk_bytes: int | str | None = "auto",
+    device_bytes: int = 0,
 ) -> int:
     """KV heads per chunk of the bf16 layout (see `fused.fused_attention`'s `kv_chunk_bytes`),
     balanced so the chunks are equal but for the last: ceil(hk / ceil(hk / most))."""
     if kv_chunk_bytes is None:
         return hk
     per_head = 2 * b * lkp * (dp + dvp)  # bf16 K^ and V^ of one KV head, all batches
-    most = max(1, min(hk, chunk_bytes(b, hk, lkp, dp, dvp, kv_chunk_bytes) // per_head))
+    most = max(1, min(hk, chunk_bytes(b, hk, lkp, dp, dvp, kv_chunk_bytes, device_bytes) // per_head))
     return -(-hk // -(-hk // most))
 
 
@@ -233,6 +255,7 @@ def smoothing_heads_per_chunk(
     dp: int,
     dvp: int,
     kv_chunk_bytes: int | str | None = "auto",
+    device_bytes: int = 0,
 ) -> int:
     """KV heads per chunk of a Q-smoothing call: its correction, fp32 [B, group, nb, lkp] per KV
     head (nb query blocks), takes at most the bytes K^ + V^ may (`kv_chunk_bytes`, see
@@ -241,7 +264,8 @@ def smoothing_heads_per_chunk(
     132 SMs, the last half empty); balanced as `kv_heads_per_chunk`."""
     if kv_chunk_bytes is None:
         return hk
-    most = max(1, min(hk, chunk_bytes(b, hk, lkp, dp, dvp, kv_chunk_bytes) // (4 * b * group * nb * lkp)))
+    bound = chunk_bytes(b, hk, lkp, dp, dvp, kv_chunk_bytes, device_bytes)
+    most = max(1, min(hk, bound // (4 * b * group * nb * lkp)))
     return -(-hk // -(-hk // most))
 
 
@@ -686,10 +710,14 @@ def plan_call(
         lvp = varlen_v_len(lk, varlen[1].numel() - 1)
     group = hq // hk
     step = hk
+    gpu_bytes = device_memory(query.device) if query.is_cuda and not kernels_interpreted() else 0
     if wide:
-        step = kv_heads_per_chunk(b, hk, lvp if varlen is not None else lkp, dp, dvp, kv_chunk_bytes)
+        step = kv_heads_per_chunk(
+            b, hk, lvp if varlen is not None else lkp, dp, dvp, kv_chunk_bytes, gpu_bytes
+        )
     if blk:  # the correction's fp32 [B, group, ceil(Lq / blk), Lk'] per KV head, bounded too
-        step = min(step, smoothing_heads_per_chunk(b, hk, group, -(-lq // blk), lkp, dp, dvp, kv_chunk_bytes))
+        nb = -(-lq // blk)
+        step = min(step, smoothing_heads_per_chunk(b, hk, group, nb, lkp, dp, dvp, kv_chunk_bytes, gpu_bytes))
     step = max(1, min(step, GRID_Y_MAX // group))  # query heads of one KV head and one batch fit
     bstep = max(1, GRID_Y_MAX // (step * group))
     streams = 1

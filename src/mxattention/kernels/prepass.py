@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -454,7 +455,8 @@ def v_pass(
 @functools.lru_cache(maxsize=16)  # a few rotation norms per process; a tensor per call costs host time
 def fold_e_max(norm: float) -> int:
     """The largest block exponent e for which fp32(norm) * 2**-e is a normal fp32 (`cast.cast_packed`)."""
-    return math.floor(126 + math.log2(float(torch.tensor(norm, dtype=torch.float32))))
+    as_f32 = struct.unpack("f", struct.pack("f", norm))[0]  # rounded to fp32 as torch rounds it
+    return math.floor(126 + math.log2(as_f32))
 
 
 def _rule_args(rule: str | float | ScaleRule, elem: str = "e2m1") -> dict:

@@ -270,6 +270,7 @@ def test_v_pass_warps_follow_each_chunks_grid(monkeypatch):
     monkeypatch.setattr(
         torch.cuda, "get_device_properties", lambda d: SimpleNamespace(multi_processor_count=3)
     )
+    monkeypatch.setattr(plan, "device_memory", lambda d: 0)  # the bound the test gives, no more
     q, k, v = qkv(1, 5, 5, 64, 512, 128, dtype=torch.bfloat16)
     per_head = 2 * 512 * (128 + 128)  # bf16 K^ + V^ of one KV head
     p = plan.plan_call(

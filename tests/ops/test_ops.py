@@ -123,7 +123,11 @@ def test_no_custom_op_runs_inside_another():
     packed = q[0].transpose(0, 1).contiguous()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", mx.ReferenceFallbackWarning)
-        assert _deepest_op_nesting(lambda: mx.scaled_dot_product_attention(q, k, v)) == 1
+        # A plain eager call runs the op's body without the op (`ops.entry._plain_eager`); with
+        # autograd to record it takes the op.
+        assert _deepest_op_nesting(lambda: mx.scaled_dot_product_attention(q, k, v)) == 0
+        qg = q.clone().requires_grad_(True)
+        assert _deepest_op_nesting(lambda: mx.scaled_dot_product_attention(qg, k, v)) == 1
         assert _deepest_op_nesting(lambda: mx.varlen_attention(packed, packed, packed, cu, cu)) == 1
         with mx.patch_sdpa("mxattention"):
             assert _deepest_op_nesting(lambda: F.scaled_dot_product_attention(q, k, v)) == 1

@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from mxattention.attention.config import AttentionConfig, get_method
 from mxattention.attention.inputs import check_scale, check_sdpa
 from mxattention.attention.keys import method_key
 from mxattention.attention.varlen import check_varlen
-from mxattention.ops.call import sdpa_op, varlen_op
+from mxattention.ops.call import dense, sdpa_op, varlen_op
 
 
 def scaled_dot_product_attention(
@@ -50,7 +51,8 @@ def scaled_dot_product_attention(
     GPUs (not tested there). Every other call (CPU tensors, `fp`, NVFP4 presets, K smoothing, ...)
     runs the PyTorch reference, which computes the same function, with a `ReferenceFallbackWarning`
     once per reason (docs/performance.md). The call is the custom op `mxattention::sdpa`:
-    one opaque node under torch.compile, with the same choice made at run time.
+    one opaque node under torch.compile, with the same choice made at run time (a plain eager call
+    that records no autograd runs the op's body directly: the same function, less host time).
 
     Raises TypeError (a non-tensor, another dtype, a mask of another dtype, `scale` not a number or a bool,
     `method` neither a str nor an AttentionConfig) or ValueError (inputs not 4-D, shapes that
@@ -63,8 +65,23 @@ def scaled_dot_product_attention(
     # A preset travels as its name: a plain string constant for torch.compile (torch 2.11's dynamo
     # cannot rebuild a frozen dataclass to call method_key on it).
     key_ = method if isinstance(method, str) else method_key(cfg)
-    out, lse = sdpa_op(query, key, value, attn_mask, is_causal, scale_, enable_gqa, key_)
+    if _plain_eager(query, key, value, attn_mask):
+        # The op's own body, without the dispatcher's ~20 us per call (H200 host,
+        # benchmarks/results/probe_host_h200.json): nothing here needs the op (see `_plain_eager`).
+        out, lse = dense(query, key, value, attn_mask, is_causal, scale_, key_)
+    else:
+        out, lse = sdpa_op(query, key, value, attn_mask, is_causal, scale_, enable_gqa, key_)
     return (out, lse) if return_lse else out
+
+
+def _plain_eager(*tensors: torch.Tensor | None) -> bool:
+    """Whether a call may run the op's body directly: eager (not traced by torch.compile), no
+    dispatch mode active (fake tensors, flop counters see the op), plain tensors, and no autograd to
+    record (the op's backward raises `InferenceOnlyError`)."""
+    if torch.compiler.is_compiling() or _current_dispatch_mode() is not None:
+        return False
+    grad = torch.is_grad_enabled()
+    return all(t is None or (type(t) is torch.Tensor and not (grad and t.requires_grad)) for t in tensors)
 
 
 def varlen_attention(

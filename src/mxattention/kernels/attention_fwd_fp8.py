@@ -38,6 +38,7 @@ from mxattention.kernels.cast import (
     exp2_int,
     floor_log2_mantissa,
 )
+from mxattention.kernels.online_softmax import finish_lse
 
 FOLD_TOP = 8  # formats.fold.FOLD_TOP: a group's largest value folds to 256 or 384
 P_FOLD = 256.0  # 2**formats.fold.P_FOLD_EXP
@@ -178,6 +179,47 @@ def pow2_f32(e: torch.Tensor, c: float = 1.0) -> torch.Tensor:
 
 
 @triton.jit
+def fp8_p_tile(s, m, c, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constexpr, EXP_FLUSH: tl.constexpr):
+    """(m_new, alpha, p3 = P~, r3 = P^ 2**8) of one key tile's folded scores s [R, BN] (masked keys
+    -inf) and the running max m [R], with the per-row factor c [R] (`online_softmax.p_tile`'s
+    operations and roundings, c per row); p3 and r3 [R, BN / 32, 32] fp32, r3 the E2M1 values times
+    the fixed factor 2**8 (exact), not yet rounded onto E4M3. Layout-free: the `tl` FP8 kernel and
+    the Gluon one (`attention_fwd_hopper_fp8`) both call it."""
+    R: tl.constexpr = s.shape[0]
+    BN: tl.constexpr = s.shape[1]
+    # As the exact kernel: block maxima from the scores, the two roundings (s * c, then - m).
+    s3 = tl.reshape(s, [R, BN // 32, 32])
+    s_blk = tl.max(s3, 2)
+    m_new = tl.maximum(m, tl.max(s_blk, 1) * c)
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = exp2_ftz(m - m_use, EXP_FLUSH)
+    p3 = exp2_ftz(s3 * c[:, None, None] - m_use[:, None, None], EXP_FLUSH)
+    p_blk = exp2_ftz(s_blk * c[:, None] - m_use[:, None], EXP_FLUSH)
+    two_e = block_scale(p_blk, CEIL, Q_EXP, Q_MANT)
+    # P^ (exact E2M1 values), then folded: x 2**8 (exact); E4M3's rounding (exact for scales >= 2**-16)
+    # is the caller's.
+    r3 = e2m1_round(p3, two_e[:, :, None]) * 256.0
+    return m_new, alpha, p3, r3
+
+
+@triton.jit
+def fp8_finish_o(o_tilde, l, colscale, OUT_MAX: tl.constexpr):
+    """O = O~ / l * 2**a_v (colscale [DV], per output column) of rows with folded sum l [R] and O~
+    [R, DV]; an empty row (l = 0) gets 0; OUT_MAX > 0: saturated to +-OUT_MAX, NaN kept
+    (`online_softmax.finish_o` with the column anchors)."""
+    empty = l == 0.0
+    out = o_tilde / tl.where(empty, 1.0, l)[:, None] * colscale[None, :]
+    out = tl.where(empty[:, None], 0.0, out)
+    if OUT_MAX > 0:  # saturate, as attention.reference.cast_output
+        out = tl.minimum(
+            tl.maximum(out, -OUT_MAX, propagate_nan=tl.PropagateNan.ALL),
+            OUT_MAX,
+            propagate_nan=tl.PropagateNan.ALL,
+        )
+    return out
+
+
+@triton.jit
 def _fp8_tile(
     m,
     l,
@@ -224,17 +266,7 @@ def _fp8_tile(
         c = tl.full([BM], 1.0, tl.float32)
     elif MASKED:
         s = _mask_scores(s, offs_m, offs_n, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, MASK_MODE)
-    # As the exact kernel: block maxima from the scores, the two roundings (s * c, then - m).
-    s3 = tl.reshape(s, [BM, BN // 32, 32])
-    s_blk = tl.max(s3, 2)
-    m_new = tl.maximum(m, tl.max(s_blk, 1) * c)
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = exp2_ftz(m - m_use, EXP_FLUSH)
-    p3 = exp2_ftz(s3 * c[:, None, None] - m_use[:, None, None], EXP_FLUSH)
-    p_blk = exp2_ftz(s_blk * c[:, None] - m_use[:, None], EXP_FLUSH)
-    two_e = block_scale(p_blk, CEIL, Q_EXP, Q_MANT)
-    # P^ (exact E2M1 values), then folded: x 2**8 (exact) rounded onto E4M3 (exact for scales >= 2**-16).
-    r3 = e2m1_round(p3, two_e[:, :, None]) * 256.0
+    m_new, alpha, p3, r3 = fp8_p_tile(s, m, c, CEIL, Q_EXP, Q_MANT, EXP_FLUSH)
     if P_CVT:
         # The hardware's rounding conversion (checked equal to `cast.e4m3_round` on every fp32 in
         # [0, 2**9], targets.HW_E4M3_CAST), one instruction per pair, and back for l: l adds exactly
@@ -338,23 +370,12 @@ def _fp8_attention_kernel(
             stride_mn, Pdbg, dbg_row, BN, DQ, True, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, EXP_FLUSH,
             DEBUG_P, QK_ACC, PV_ACC, P_CVT,
         )  # fmt: skip
-    empty = l == 0.0
     colscale = tl.load(ColScale + bhk.to(tl.int64) * DV + offs_dv)  # 2**a_v per output column
-    out = o_tilde / tl.where(empty, 1.0, l)[:, None] * colscale[None, :]
-    out = tl.where(empty[:, None], 0.0, out)
+    out = fp8_finish_o(o_tilde, l, colscale, OUT_MAX)
     optr = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     optr = optr + offs_m[:, None].to(tl.int64) * stride_om + offs_dv[None, :] * stride_od
-    if OUT_MAX > 0:  # saturate, as attention.reference.cast_output
-        out = tl.minimum(
-            tl.maximum(out, -OUT_MAX, propagate_nan=tl.PropagateNan.ALL),
-            OUT_MAX,
-            propagate_nan=tl.PropagateNan.ALL,
-        )
     tl.store(optr, out.to(Out.dtype.element_ty), mask=(offs_m[:, None] < Lq) & (offs_dv[None, :] < Dv))
-    l_true = l * 0.00390625  # l in P~'s units (exact)
-    lse = tl.where(
-        empty, float("-inf"), (m + tl.math.log2(tl.where(empty, 1.0, l_true))) * 0.6931471805599453
-    )
+    lse = finish_lse(l * 0.00390625, m)  # l in P~'s units (exact)
     tl.store(Lse + bh.to(tl.int64) * Lq + offs_m, lse, mask=offs_m < Lq)
 
 

@@ -179,7 +179,9 @@ def pow2_f32(e: torch.Tensor, c: float = 1.0) -> torch.Tensor:
 
 
 @triton.jit
-def fp8_p_tile(s, m, c, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constexpr, EXP_FLUSH: tl.constexpr):
+def fp8_p_tile(
+    s, m, c, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constexpr, EXP_FLUSH: tl.constexpr
+):
     """(m_new, alpha, p3 = P~, r3 = P^ 2**8) of one key tile's folded scores s [R, BN] (masked keys
     -inf) and the running max m [R], with the per-row factor c [R] (`online_softmax.p_tile`'s
     operations and roundings, c per row); p3 and r3 [R, BN / 32, 32] fp32, r3 the E2M1 values times

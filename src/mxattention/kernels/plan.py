@@ -430,6 +430,30 @@ def gluon_fwd_spec(
     return FwdSpec(FwdKernel.GLUON, tuple(constexprs.items()), hopper.NUM_WARPS)
 
 
+def gluon_fp8_fwd_spec(
+    *, p_rule: tuple[bool, int, int], pnq: bool, out_dtype: torch.dtype, p_cvt: bool = False
+) -> FwdSpec:
+    """The `attention_fwd_hopper_fp8` launch of a fast-mode call (P~'s hardware E4M3 rounding
+    `p_cvt`); the ring's STAGES, the partitions' registers and the schedule are the module's."""
+    from mxattention.kernels import attention_fwd_hopper_fp8 as fast
+
+    ceil, q_exp, q_mant = p_rule
+    constexprs = dict(
+        DQ=fast.HEAD_DIM,
+        PNQ=pnq,
+        CEIL=ceil,
+        Q_EXP=q_exp,
+        Q_MANT=q_mant,
+        P_CVT=bool(p_cvt),
+        OUT_MAX=torch.finfo(out_dtype).max if out_dtype in (torch.float16, torch.bfloat16) else 0.0,
+        STAGES=fast.STAGES,
+        CONSUMER_REGS=fast.CONSUMER_REGS,
+        PRODUCER_REGS=fast.PRODUCER_REGS,
+        OVERLAP=fast.OVERLAP,
+    )
+    return FwdSpec(FwdKernel.GLUON, tuple(constexprs.items()), fast.NUM_WARPS)
+
+
 # Q smoothing's Q^ pass is the Gluon one (`prepass_hopper`: each tile subtracts its block's mean row)
 # only for calls of at most this many head / batch chunks, as measured on the H200 (benchmarks/NOTES.md,
 # v14-smooth, two alternating rounds): one chunk (40 heads x 75600 queries, 512 keys) -2.4 % per call

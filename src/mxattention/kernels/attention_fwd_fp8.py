@@ -492,7 +492,7 @@ def build_fp8(target, d: int = 128, n: int = 16384, heads: int = 40, causal: boo
 
 def run_chunk_fp8(plan, chunk, query, key, value, out, lse, dbg, mask, is_causal) -> tuple:
     """`fused._run_chunk` for a plan whose `mma` is "fp8": the exact pre-pass (bf16 Q^, K^, V^), the
-    fold passes, the FP8 kernel; writes this chunk's slices of out, lse (and dbg); returns the
+    fold passes, the FP8 kernel (the plan's: this `tl` one, or the Gluon one on sm_90); writes this chunk's slices of out, lse (and dbg); returns the
     operands, which the caller keeps referenced while the kernel may read them."""
     from mxattention.kernels.prepass import prepass_qk, prepass_v
 
@@ -507,6 +507,13 @@ def run_chunk_fp8(plan, chunk, query, key, value, out, lse, dbg, mask, is_causal
     vb = prepass_v(value[bs, kv], v_rule, len_multiple=ln, out_bf16=True)
     ops = fp8_operands(qb, kb, vb, plan.scale, group)
     del qb, kb, vb
+    if plan.fwd_kernel == "gluon":  # the warp-specialized sm_90 kernel (`attention_fwd_hopper_fp8`)
+        from mxattention.kernels.attention_fwd_hopper_fp8 import mx_attention_fwd_hopper_fp8
+
+        lse[bs, qh] = mx_attention_fwd_hopper_fp8(
+            *ops, spec=plan.fwd, lq=lq, lk=lk, group=group, out=out[bs, qh]
+        )
+        return ops
     dbg_chunk = None if dbg is None else torch.zeros_like(dbg[bs, qh])
     lse[bs, qh] = mx_attention_fwd_fp8(
         *ops, lq=lq, lk=lk, dv=dv, group=group, out=out[bs, qh], p_rule=plan.p_rule, pnq=plan.pnq,

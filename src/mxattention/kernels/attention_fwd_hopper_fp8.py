@@ -173,16 +173,19 @@ if HAS_GLUON:
         if P_CVT:
             # One cvt.rn.satfinite.e4m3x2.f32 per pair (exact on P~'s E2M1 x 2**k values, the nearest
             # E4M3 below 2**-16 as `cast.e4m3_round`), and back for l: l adds the bytes the MMA reads.
-            p8 = gl.reshape(r3, [R, BN]).to(gl.float8e4nv, fp_downcast_rounding="rtne")
-            f3 = gl.reshape(p8.to(gl.float32), [R, BN // 32, 32])
+            p = gl.convert_layout(
+                gl.reshape(r3, [R, BN]).to(gl.float8e4nv, fp_downcast_rounding="rtne"), dot_a
+            )
+            if PNQ:
+                l = alpha * l + gl.convert_layout(gl.sum(p.to(gl.float32), 1), alpha.type.layout)
         else:
             f3 = e4m3_round(r3)
-            p8 = gl.reshape(f3, [R, BN]).to(gl.float8e4nv)  # exact: f3 holds E4M3 values
-        if PNQ:
-            l = alpha * l + gl.convert_layout(gl.sum(gl.sum(f3, 1), 1), alpha.type.layout)
-        else:
+            p = gl.convert_layout(gl.reshape(f3, [R, BN]).to(gl.float8e4nv), dot_a)  # exact: E4M3 values
+            if PNQ:
+                l = alpha * l + gl.convert_layout(gl.sum(gl.sum(f3, 1), 1), alpha.type.layout)
+        if not PNQ:
             l = alpha * l + gl.convert_layout(gl.sum(gl.reshape(p3, [R, BN]), 1), alpha.type.layout) * 256.0
-        return m_new, alpha, l, gl.convert_layout(p8, dot_a)
+        return m_new, alpha, l, p
 
     @gluon.jit
     def _rows_of(x, layout: gl.constexpr):

@@ -94,3 +94,13 @@ def test_plan_names_the_fast_kernel_and_refuses_what_it_does_not_serve():
     cu = torch.tensor([0, 20], dtype=torch.int32)
     packed = [x[0].transpose(0, 1) for x in (q, k, v)]
     assert "dense calls" in plan_call(FAST, *packed, scale=0.125, varlen=(cu, cu, 20, 20)).refusal
+
+
+def test_kernel_saturates_p_under_a_floor_rule(device):
+    """Under OCP's floor rule a block's elements reach 8 x 2**e before the cast, which saturates them
+    at 6 x 2**e; the kernels skip that min only for ceil rules with boundary < 7 (`fp8_p_tile`)."""
+    ocp = dataclasses.replace(get_method("mxfp4-ocp-hadamard-pnq"), name="ocp-fast", mma="fp8")
+    q, k, v = qkv(1, 1, 1, 40, 96, 32, seed=9)
+    c = compare(q * 4, k * 4, v, ocp, device=device)  # wide score spreads: many P~ blocks saturate
+    _check(c)
+    assert c.p_differ == 0

@@ -18,8 +18,8 @@ emulation, which the tests compare this kernel with.
   (`attention_fwd._attend_tile`'s order and roundings).
 - P~: the E2M1 values P^ times 2**8 rounded onto E4M3 (exact for blocks scaled >= 2**-16), one
   byte each; PNQ's l adds exactly those values. Each key tile's P^ V^ goes to a fresh fp32
-  accumulator and is added to O~: `O~ = O~ alpha + acc` (Hopper's FP8 wgmma accumulates with
-  fewer bits than fp32, so a tile's 4 k-steps are all that share it).
+  accumulator and is added to O~ by one fma: `O~ = O~ alpha + acc` (Hopper's FP8 wgmma accumulates
+  with fewer bits than fp32, so a tile's 4 k-steps are all that share it).
 - Finally O = O~ / l * 2**a_v per column, lse = m + log2(l 2**-8) in natural-log units.
 """
 
@@ -29,6 +29,7 @@ import torch
 
 from mxattention.kernels._triton import kernels_interpreted, tl, triton
 from mxattention.kernels.attention_fwd import LOG2E, MASK_ADD, MASK_BOOL, MASK_NONE, _mask_scores
+from mxattention.kernels.cast import _ladder_step_round as ladder_step_round
 from mxattention.kernels.cast import (
     block_scale,
     e2m1_round,
@@ -199,8 +200,13 @@ def fp8_p_tile(
     p_blk = exp2_ftz(s_blk * c[:, None] - m_use[:, None], EXP_FLUSH)
     two_e = block_scale(p_blk, CEIL, Q_EXP, Q_MANT)
     # P^ (exact E2M1 values), then folded: x 2**8 (exact); E4M3's rounding (exact for scales >= 2**-16)
-    # is the caller's.
-    r3 = e2m1_round(p3, two_e[:, :, None]) * 256.0
+    # is the caller's. A ceil rule with boundary q < 7 never rounds an element above 6 * 2**e (it
+    # is at most q 2**e, and 6 is the nearest ladder value below 7), so `e2m1_round`'s saturation is
+    # the identity there (NaN stays NaN either way): one min per element less (UOS, q = 6.5).
+    if CEIL and (Q_EXP <= 1 or (Q_EXP == 2 and Q_MANT < 6291456)):
+        r3 = ladder_step_round(p3, two_e[:, :, None]) * 256.0
+    else:
+        r3 = e2m1_round(p3, two_e[:, :, None]) * 256.0
     return m_new, alpha, p3, r3
 
 
@@ -289,7 +295,7 @@ def _fp8_tile(
         l = alpha * l + tl.sum(tl.sum(f3, 1), 1)
     else:
         l = alpha * l + tl.sum(tl.reshape(p3, [BM, BN]), 1) * 256.0
-    o_tilde = o_tilde * alpha[:, None] + acc
+    o_tilde = tl.fma(o_tilde, alpha[:, None], acc)  # one rounding (the Gluon FP8 kernel's too)
     return m_new, l, o_tilde
 
 

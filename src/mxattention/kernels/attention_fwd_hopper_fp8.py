@@ -11,7 +11,7 @@ no varlen kernel and no Q smoothing); any lengths, GQA, PNQ on or off. Same oper
 order: S = F_q F_k^T by FP8 (e4m3) wgmma m64n128k32 from a fresh accumulator, the softmax step and
 P~'s E2M1 rounding times 2**8 (`attention_fwd_fp8.fp8_p_tile`, the `tl` kernel's own function), P~'s
 E4M3 rounding (software, or the hardware conversion where the plan says `P_CVT`), l from exactly
-the bytes the MMA reads, each tile's P~ V^ in a fresh fp32 accumulator added as
+the bytes the MMA reads, each tile's P~ V^ in a fresh fp32 accumulator added by one fma
 `O~ = O~ alpha + acc`, then O = O~ / l per column times 2**a_v (`attention_fwd_fp8.fp8_finish_o`).
 
 Structure (one CTA per 128 query rows of one (batch, head)), as `attention_fwd_hopper`, whose
@@ -26,9 +26,7 @@ Structure (one CTA per 128 query rows of one (batch, head)), as `attention_fwd_h
   O~) in registers. P~ is the A operand of the P~ V^ wgmma from registers (8-bit dot operand,
   k_width 4).
 - intra-warpgroup overlap (OVERLAP): S_{j+1} and P~_j V^_j are in flight together while the
-  softmax of tile j + 1 runs. The P~ V^ accumulator is fresh per tile, so O~ is never an MMA
-  operand: its rescale by alpha runs under the product, and the product's wait comes after the
-  softmax.
+  softmax of tile j + 1 runs; the product's wait comes after the softmax.
 """
 
 from __future__ import annotations
@@ -193,9 +191,10 @@ if HAS_GLUON:
 
     @gluon.jit
     def _step8(j, m, l, o, alpha_prev, p, c, q_smem, ring, zero, keys, MASKED: gl.constexpr):
-        """Key tile j >= 1: (m, l, O~ after tile j - 1, alpha_j, P~_j). OVERLAP: S_j and P~_{j-1}
-        V^_{j-1} in flight together, the softmax of S_j and O~ alpha_{j-1} under the latter; else
-        S_j, its softmax, then P~_{j-1} V^_{j-1} (the other consumer's wgmmas fill the gaps)."""
+        """Key tile j >= 1: (m, l, O~ after tile j - 1, alpha_j, P~_j), O~ = fma(O~, alpha_{j-1},
+        P~_{j-1} V^_{j-1}). OVERLAP: S_j and P~_{j-1} V^_{j-1} in flight together, the softmax of S_j
+        under the latter; else P~_{j-1} V^_{j-1}, then S_j and its softmax (the other consumer's
+        wgmmas fill the gaps)."""
         BN: gl.constexpr = ring.k.type.shape[1]
         STAGES: gl.constexpr = ring.STAGES
         mma: gl.constexpr = o.type.layout
@@ -209,19 +208,24 @@ if HAS_GLUON:
             s, _k_done = warpgroup_mma_wait(1, deps=[s, ring.k.index(slot)])
             mbarrier.arrive(ring.k_empty.index(slot))
             m, alpha, l, p_next = _softmax8(s, m, l, c, j * BN, keys, MASKED)
-            o = o * _rows_of(alpha_prev, mma)
-            acc, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(prev)])
+            # The wait behind an always-true branch (tile j holds keys), as `attention_fwd_hopper`'s
+            # step: else ptxas hoists it above the softmax's last exps.
+            if j * BN < keys.Lk:
+                done, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(prev)])
+            else:
+                _cta_barrier()
+                done, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(prev)])
             mbarrier.arrive(ring.v_empty.index(prev))
+            o = gl.fma(o, _rows_of(alpha_prev, mma), done)
         else:
             acc = _pv8(p, ring, prev, zero)
             acc, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(prev)])
             mbarrier.arrive(ring.v_empty.index(prev))
-            o = o * _rows_of(alpha_prev, mma)
+            o = gl.fma(o, _rows_of(alpha_prev, mma), acc)
             s = _qk8(q_smem, ring, slot, zero)
             s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(slot)])
             mbarrier.arrive(ring.k_empty.index(slot))
             m, alpha, l, p_next = _softmax8(s, m, l, c, j * BN, keys, MASKED)
-        o = o + acc
         return m, l, o, alpha, p_next
 
     @gluon.jit
@@ -259,10 +263,9 @@ if HAS_GLUON:
         last = (n_tiles - 1) % STAGES
         mbarrier.wait(ring.v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
         acc = _pv8(p, ring, last, zero)
-        o = o * _rows_of(alpha, mma)
         acc, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(last)])
         mbarrier.arrive(ring.v_empty.index(last))
-        o = o + acc
+        o = gl.fma(o, _rows_of(alpha, mma), acc)
 
         # O and lse in the layout of O~'s rows (the `tl` FP8 kernel's finish).
         l_rows = gl.convert_layout(l, gl.SliceLayout(1, mma))

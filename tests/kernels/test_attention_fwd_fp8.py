@@ -15,7 +15,7 @@ from mxattention.attention.config import get_method
 from mxattention.attention.reference import reference_attention
 from mxattention.formats.fold import fold
 from mxattention.formats.mx import fake_quantize
-from mxattention.kernels.attention_fwd_fp8 import fold_pass
+from mxattention.kernels.attention_fwd_fp8 import fold_pass, key_slots
 from mxattention.kernels.plan import plan_call
 
 from .helpers import compare, qkv
@@ -78,10 +78,19 @@ def test_fold_pass_bytes_equal_formats_fold(anchors, dims, axis, device):
     f8, a = fold_pass(x.to(device).contiguous(), anchors)
     f, ra = fold(x.float(), dims)
     got = f8.float().cpu()
-    if anchors == "column":
-        got = got.transpose(-1, -2)
+    if anchors == "column":  # V^ transposed, keys in key_slot order within blocks of 32
+        got = got[..., key_slots(torch.arange(got.shape[-1]))].transpose(-1, -2)
     assert torch.equal(a.cpu(), ra.reshape(a.shape))
     assert torch.equal(torch.nan_to_num(got, nan=1e9), torch.nan_to_num(f, nan=1e9))
+
+
+def test_key_slots_permute_each_block_of_32_as_the_fp8_a_operand_holds_p():
+    """Accumulator column 16 i1 + 8 i0 + 2 t + e of a 32-key block sits at 16 i1 + 4 t + 2 i0 + e."""
+    n = torch.arange(256)
+    slots = key_slots(n)
+    assert torch.equal(torch.sort(slots).values, n) and torch.equal(slots // 32, n // 32)
+    i1, i0, t, e = (n % 32) // 16, (n % 32) // 8 % 2, (n % 32) // 2 % 4, n % 2
+    assert torch.equal(slots % 32, 16 * i1 + 4 * t + 2 * i0 + e)
 
 
 def test_plan_names_the_fast_kernel_and_refuses_what_it_does_not_serve():

@@ -11,7 +11,9 @@ emulation, which the tests compare this kernel with.
   becomes f = E4M3(x 2**-a), a = floor(log2 max|x| of its group) - 8, computed from the exact bf16
   values of the pre-pass with the float adder's rounding (`cast.e4m3_round`, so the bytes do not
   depend on a conversion's rounding mode: the conversion sees E4M3 values only). V^ is written
-  transposed [Dv, Lk] (Hopper's FP8 wgmma reads its B operand K-major from shared memory).
+  transposed [Dv, Lk] (Hopper's FP8 wgmma reads its B operand K-major from shared memory), the keys
+  of each block of 32 permuted (`key_slot`: the order in which the Gluon kernel's P~ leaves the
+  accumulator of S).
 - Scores: S = (F_q F_k^T) * rowscale, rowscale = scale log2(e) 2**(a_q + a_k) per query row (fp32,
   exact: a power of two times the exact path's constant), so the scores are the exact path's
   wherever the dot sums are; then the exact path's softmax and P~ cast, line for line
@@ -101,6 +103,21 @@ def _e4m3_bytes(r, BY_BITS: tl.constexpr):
 
 
 @triton.jit
+def key_slot(n):
+    """Where key n sits in the transposed V^ (int32, within its 32-key block): bits (i1 i0 t1 t0 e)
+    of n % 32 become (i1 t1 t0 i0 e). It is the column order in which Hopper's FP8 wgmma A operand
+    (k_width 4) holds a row of P~ when each thread keeps the values the accumulator of S gave it, so
+    the Gluon kernel hands P~ to the P~ V^ wgmma without moving values between lanes
+    (`attention_fwd_hopper_fp8._key_slots`); the `tl` kernel reads V^ through it."""
+    return (n & -32) | (n & 17) | (((n >> 3) & 1) << 1) | (((n >> 1) & 3) << 2)
+
+
+def key_slots(n: torch.Tensor) -> torch.Tensor:
+    """`key_slot` on the host (int64 tensors): V8t[..., key_slots(k)] is key k's column."""
+    return (n & -32) | (n & 17) | (((n >> 3) & 1) << 1) | (((n >> 1) & 3) << 2)
+
+
+@triton.jit
 def _fold_anchor_kernel(X, A, L, DP: tl.constexpr, BL: tl.constexpr, PER_ROW: tl.constexpr):
     """Anchors of X [BH, L, DP] (bf16, exact MX values): PER_ROW, one per row into A [BH, L]; else
     one per column of this program's BL rows into A [BH, L / BL, DP] (reduced by the host)."""
@@ -119,7 +136,8 @@ def _fold_anchor_kernel(X, A, L, DP: tl.constexpr, BL: tl.constexpr, PER_ROW: tl
 def _fold_kernel(X, F, A, L, DP: tl.constexpr, BL: tl.constexpr, ANCHORS: tl.constexpr, TRANS: tl.constexpr):
     """F = E4M3(X 2**-a) for X [BH, L, DP] (bf16, exact MX values). ANCHORS: 0 one per row, computed
     here and stored into A [BH, L]; 1 one per head, read from A [BH]; 2 one per column, read from
-    A [BH, DP]. TRANS: F is [BH, DP, L] (V^), else [BH, L, DP]. Groups of zeros fold with anchor 0."""
+    A [BH, DP]. TRANS: F is [BH, DP, L] (V^, keys in `key_slot` order), else [BH, L, DP]. Groups of
+    zeros fold with anchor 0."""
     pid = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     rows = pid * BL + tl.arange(0, BL)
@@ -135,8 +153,8 @@ def _fold_kernel(X, F, A, L, DP: tl.constexpr, BL: tl.constexpr, ANCHORS: tl.con
     else:
         a = tl.load(A + bh * DP + cols)[None, :]
     f = _e4m3_bytes(_fold_values(x, a), True)
-    if TRANS:
-        tl.store(F + (bh * DP + cols[None, :]) * L + rows[:, None], f)
+    if TRANS:  # V^: keys in `key_slot` order within each block of 32 (rows: one such block)
+        tl.store(F + (bh * DP + cols[None, :]) * L + key_slot(rows)[:, None], f)
     else:
         tl.store(F + (bh * L + rows[:, None]) * DP + cols[None, :], f)
 
@@ -148,7 +166,8 @@ def _no_anchor_to_zero(a: torch.Tensor) -> torch.Tensor:
 def fold_pass(x: torch.Tensor, anchors: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(F, a) for a bf16 pre-pass output x [B, H, Lp, Dp] (Lp a multiple of 32): `anchors` "row" (Q^:
     F [B, H, Lp, Dp], a int32 [B, H, Lp]), "head" (K^: F likewise, a [B, H]) or "column" (V^:
-    F transposed [B, H, Dp, Lp], a [B, H, Dp]). F is float8_e4m3fn, `formats.fold.fold`'s values."""
+    F transposed [B, H, Dp, Lp] with the keys of each block of 32 in `key_slot` order, a [B, H, Dp]).
+    F is float8_e4m3fn, `formats.fold.fold`'s values."""
     b, h, lp, dp = x.shape
     assert lp % FOLD_ROWS == 0 and x.is_contiguous() and anchors in ("row", "head", "column")
     grid = (lp // FOLD_ROWS, b * h)
@@ -289,7 +308,7 @@ def _fp8_tile(
         p8 = _e4m3_bytes(f, EXP_FLUSH)
     if DEBUG_P:
         tl.store(Pdbg + dbg_row + offs_n[None, :], f * 0.00390625, mask=offs_m[:, None] < Lq)
-    v8 = tl.load(V8 + v_rows + offs_n[None, :])  # [DV, BN]: keys contiguous (K-major B operand)
+    v8 = tl.load(V8 + v_rows + key_slot(offs_n)[None, :])  # [DV, BN]: keys contiguous (K-major B)
     acc = tl.dot(p8, tl.trans(v8), max_num_imprecise_acc=PV_ACC)
     if PNQ:
         l = alpha * l + tl.sum(tl.sum(f3, 1), 1)

@@ -10,6 +10,8 @@ identity). Its build (wgmma kinds, spills, registers) is read offline by
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -47,6 +49,8 @@ def test_planner_gives_the_gluon_fp8_kernel_the_dense_head_dim_128_calls_on_sm_9
         assert other.fwd_kernel == "tl" and other.mma == "fp8" and other.fwd.kernel is FwdKernel.TL, kw
     q64, k64, v64 = qkv(1, 2, 2, 130, 200, 64)
     assert plan.plan_call(FAST, q64, k64, v64, scale=0.1).fwd_kernel == "tl"
+    no_pnq = dataclasses.replace(FAST, pnq=False, name="fast-no-pnq")  # its l is PNQ's (the MMA's)
+    assert plan.plan_call(no_pnq, q, k, v, scale=0.1).fwd_kernel == "tl"
     # The override times both; an explicit "gluon" it cannot serve raises, naming why.
     assert plan.plan_call(FAST, q, k, v, scale=0.1, fwd_kernel="tl").fwd_kernel == "tl"
     with pytest.raises(ValueError, match="is_causal"):

@@ -19,7 +19,8 @@ emulation, which the tests compare this kernel with.
   wherever the dot sums are; then the exact path's softmax and P~ cast, line for line
   (`attention_fwd._attend_tile`'s order and roundings).
 - P~: the E2M1 values P^ times 2**8 rounded onto E4M3 (exact for blocks scaled >= 2**-16), one
-  byte each; PNQ's l adds exactly those values. Each key tile's P^ V^ goes to a fresh fp32
+  byte each; PNQ's l adds exactly those values, by the tensor cores (P~ times a column of ones, in
+  the accumulator arithmetic of P~ V^, then `l = l alpha + tile` by one fma). Each key tile's P^ V^ goes to a fresh fp32
   accumulator and is added to O~ by one fma: `O~ = O~ alpha + acc` (Hopper's FP8 wgmma accumulates
   with fewer bits than fp32, so a tile's 4 k-steps are all that share it).
 - Finally O = O~ / l * 2**a_v per column, lse = m + log2(l 2**-8) in natural-log units.
@@ -311,7 +312,10 @@ def _fp8_tile(
     v8 = tl.load(V8 + v_rows + key_slot(offs_n)[None, :])  # [DV, BN]: keys contiguous (K-major B)
     acc = tl.dot(p8, tl.trans(v8), max_num_imprecise_acc=PV_ACC)
     if PNQ:
-        l = alpha * l + tl.sum(tl.sum(f3, 1), 1)
+        # l by the MMA too: P~ times E4M3 ones sums exactly the bytes P~ V^ multiplies, in the same
+        # accumulator arithmetic (16 equal columns; the Gluon kernel's `_l8` takes 8), then one fma.
+        ones = tl.full([BN, 16], 0x38, tl.uint8).to(tl.float8e4nv, bitcast=True)
+        l = tl.fma(l, alpha, tl.max(tl.dot(p8, ones, max_num_imprecise_acc=PV_ACC), 1))
     else:
         l = alpha * l + tl.sum(tl.reshape(p3, [BM, BN]), 1) * 256.0
     o_tilde = tl.fma(o_tilde, alpha[:, None], acc)  # one rounding (the Gluon FP8 kernel's too)

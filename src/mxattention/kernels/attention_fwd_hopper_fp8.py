@@ -7,12 +7,12 @@ Exposes `fast_gluon_reason` (why a fast-mode call cannot take this kernel, None 
 It computes what `attention_fwd_fp8._fp8_attention_kernel` (the `tl` FP8 kernel, docs/fast_mode.md)
 computes, for the calls the exact path's Gluon forward serves (`attention_fwd_hopper`): head dims
 DQ = DV = 128, BN = 128 keys per tile, no causal mask, no user mask, no debug_p (the fast mode has
-no varlen kernel and no Q smoothing); any lengths, GQA, PNQ on or off. Same operations in the same
+no varlen kernel and no Q smoothing), PNQ on; any lengths, GQA. Same operations in the same
 order: S = F_q F_k^T by FP8 (e4m3) wgmma m64n128k32 from a fresh accumulator, the softmax step and
 P~'s E2M1 rounding times 2**8 (`attention_fwd_fp8.fp8_p_tile`, the `tl` kernel's own function), P~'s
 E4M3 rounding (software, or the hardware conversion where the plan says `P_CVT`), l from exactly
-the bytes the MMA reads, each tile's P~ V^ in a fresh fp32 accumulator added by one fma
-`O~ = O~ alpha + acc`, then O = O~ / l per column times 2**a_v (`attention_fwd_fp8.fp8_finish_o`).
+the bytes the MMA reads (PNQ: P~ times E4M3 ones by a wgmma m64n8k32, the `tl` kernel's sum), each
+tile's P~ V^ in a fresh fp32 accumulator added by one fma `O~ = O~ alpha + acc`, then O = O~ / l per column times 2**a_v (`attention_fwd_fp8.fp8_finish_o`).
 
 Structure (one CTA per 128 query rows of one (batch, head)), as `attention_fwd_hopper`, whose
 `KVRing` and `Epilogue` aggregates it reuses:
@@ -85,18 +85,21 @@ if HAS_GLUON:
     class QTile8:
         """One consumer's 64 query rows: Q8 the folded Q^ bytes [B Hq LQP, DQ] (rows from q_row0),
         RowScale their score factors (fp32 [B Hq LQP]: scale log2(e) 2**(a_q + a_k)), q_smem [64, DQ]
-        fp8 (the wgmma's A operand), row0 their first row among this head's Lq (O and lse)."""
+        fp8 (the wgmma's A operand), ones [8, BN] fp8 (E4M3 ones: the B operand of the row sums),
+        row0 their first row among this head's Lq (O and lse)."""
 
         Q8: gl.tensor
         RowScale: gl.tensor
         q_smem: gl.shared_memory_descriptor
+        ones: gl.shared_memory_descriptor
         q_row0: gl.tensor
         row0: gl.tensor
 
-        def __init__(self, Q8, RowScale, q_smem, q_row0, row0):
+        def __init__(self, Q8, RowScale, q_smem, ones, q_row0, row0):
             self.Q8 = Q8
             self.RowScale = RowScale
             self.q_smem = q_smem
+            self.ones = ones
             self.q_row0 = q_row0
             self.row0 = row0
 
@@ -124,8 +127,11 @@ if HAS_GLUON:
 
     @gluon.jit
     def _q8_to_smem(q):
-        """The consumer's folded Q^ bytes into q.q_smem (once)."""
+        """The consumer's folded Q^ bytes into q.q_smem and E4M3 ones into q.ones (once)."""
         q_smem = q.q_smem
+        BN: gl.constexpr = q.ones.type.shape[1]
+        ones_io: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [gl.num_warps(), 1], [1, 0])
+        q.ones.store(gl.full([8, BN], 0x38, gl.uint8, ones_io).to(gl.float8e4nv, bitcast=True))
         R: gl.constexpr = q_smem.type.shape[0]
         DQ: gl.constexpr = q_smem.type.shape[1]
         io: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [gl.num_warps(), 1], [1, 0])
@@ -164,34 +170,32 @@ if HAS_GLUON:
         return warpgroup_mma(p, ring.v.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
 
     @gluon.jit
-    def _softmax8(s, m, l, c, start_n, keys, MASKED: gl.constexpr):
-        """(m_new, alpha, l after the tile, P~ as the 8-bit A operand) of folded scores s, with the
-        `tl` FP8 kernel's operations (`fp8_p_tile`, its E4M3 rounding and row sum); MASKED: keys
-        past Lk get -inf (before the factor c, as the `tl` kernel's mask)."""
+    def _l8(p, q, zero8):
+        """Issue the row sums of P~ (async): P~ times E4M3 ones [BN, 8] by FP8 wgmma m64n8k32, all 8
+        columns the sum of exactly the bytes P~ V^ multiplies, in the same accumulator arithmetic."""
+        return warpgroup_mma(p, q.ones.permute((1, 0)), zero8, use_acc=False, is_async=True)
+
+    @gluon.jit
+    def _softmax8(s, m, c, start_n, keys, MASKED: gl.constexpr):
+        """(m_new, alpha, P~ as the 8-bit A operand) of folded scores s, with the `tl` FP8 kernel's
+        operations (`fp8_p_tile`, its E4M3 rounding); MASKED: keys past Lk get -inf (before the
+        factor c, as the `tl` kernel's mask). PNQ's l: `_l8`."""
         R: gl.constexpr = s.shape[0]
         BN: gl.constexpr = s.shape[1]
-        PNQ: gl.constexpr = keys.CAST[0]
         P_CVT: gl.constexpr = keys.CAST[4]
         dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s.type.layout, k_width=4)
         if MASKED:
             offs_n = start_n + gl.arange(0, BN, layout=gl.SliceLayout(0, s.type.layout))
             s = gl.where(offs_n[None, :] < keys.Lk, s, float("-inf"))
-        m_new, alpha, p3, r3 = fp8_p_tile(s, m, c, keys.CAST[1], keys.CAST[2], keys.CAST[3], False)
+        m_new, alpha, _p3, r3 = fp8_p_tile(s, m, c, keys.CAST[1], keys.CAST[2], keys.CAST[3], False)
         if P_CVT:
             # One cvt.rn.satfinite.e4m3x2.f32 per pair (exact on P~'s E2M1 x 2**k values, the nearest
             # E4M3 below 2**-16 as `cast.e4m3_round`), and back for l: l adds the bytes the MMA reads.
             p8 = gl.reshape(r3, [R, BN]).to(gl.float8e4nv, fp_downcast_rounding="rtne")
             p = gl.convert_layout(_key_slots(gl.reshape(p8, [R, BN // 32, 32])), dot_a)
-            if PNQ:
-                l = alpha * l + gl.convert_layout(gl.sum(p.to(gl.float32), 1), alpha.type.layout)
         else:
-            f3 = e4m3_round(r3)
-            p = gl.convert_layout(_key_slots(f3).to(gl.float8e4nv), dot_a)  # exact: E4M3 values
-            if PNQ:
-                l = alpha * l + gl.convert_layout(gl.sum(gl.sum(f3, 1), 1), alpha.type.layout)
-        if not PNQ:
-            l = alpha * l + gl.convert_layout(gl.sum(gl.reshape(p3, [R, BN]), 1), alpha.type.layout) * 256.0
-        return m_new, alpha, l, p
+            p = gl.convert_layout(_key_slots(e4m3_round(r3)).to(gl.float8e4nv), dot_a)  # exact: E4M3 values
+        return m_new, alpha, p
 
     @gluon.jit
     def _key_slots(x3):
@@ -209,42 +213,47 @@ if HAS_GLUON:
         return gl.convert_layout(x, gl.SliceLayout(1, layout))[:, None]
 
     @gluon.jit
-    def _step8(j, m, l, o, alpha_prev, p, c, q_smem, ring, zero, keys, MASKED: gl.constexpr):
-        """Key tile j >= 1: (m, l, O~ after tile j - 1, alpha_j, P~_j), O~ = fma(O~, alpha_{j-1},
-        P~_{j-1} V^_{j-1}). OVERLAP: S_j and P~_{j-1} V^_{j-1} in flight together, the softmax of S_j
-        under the latter; else P~_{j-1} V^_{j-1}, then S_j and its softmax (the other consumer's
-        wgmmas fill the gaps)."""
+    def _step8(j, m, l, o, alpha_prev, p, c, q, ring, zero, zero8, keys, MASKED: gl.constexpr):
+        """Key tile j >= 1: (m, l, O~ after tile j - 1, alpha_j, P~_j): O~ = fma(O~, alpha_{j-1},
+        P~_{j-1} V^_{j-1}), l = fma(l, alpha_{j-1}, P~_{j-1} 1) (`_l8`). OVERLAP: S_j and those
+        products in flight together, the softmax of S_j under the latter; else the products, then S_j
+        and its softmax (the other consumer's wgmmas fill the gaps)."""
         BN: gl.constexpr = ring.k.type.shape[1]
         STAGES: gl.constexpr = ring.STAGES
         mma: gl.constexpr = o.type.layout
+        mma8: gl.constexpr = l.type.layout
         slot = j % STAGES
         prev = (j - 1) % STAGES
         mbarrier.wait(ring.k_ready.index(slot), (j // STAGES) & 1)
         mbarrier.wait(ring.v_ready.index(prev), ((j - 1) // STAGES) & 1)
         if keys.OVERLAP:
-            s = _qk8(q_smem, ring, slot, zero)
+            s = _qk8(q.q_smem, ring, slot, zero)
             acc = _pv8(p, ring, prev, zero)
-            s, _k_done = warpgroup_mma_wait(1, deps=[s, ring.k.index(slot)])
+            acc_l = _l8(p, q, zero8)
+            s, _k_done = warpgroup_mma_wait(2, deps=[s, ring.k.index(slot)])
             mbarrier.arrive(ring.k_empty.index(slot))
-            m, alpha, l, p_next = _softmax8(s, m, l, c, j * BN, keys, MASKED)
+            m, alpha, p_next = _softmax8(s, m, c, j * BN, keys, MASKED)
             # The wait behind an always-true branch (tile j holds keys), as `attention_fwd_hopper`'s
             # step: else ptxas hoists it above the softmax's last exps.
             if j * BN < keys.Lk:
-                done, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(prev)])
+                done, done_l, _v_done = warpgroup_mma_wait(0, deps=[acc, acc_l, ring.v.index(prev)])
             else:
                 _cta_barrier()
-                done, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(prev)])
+                done, done_l, _v_done = warpgroup_mma_wait(0, deps=[acc, acc_l, ring.v.index(prev)])
             mbarrier.arrive(ring.v_empty.index(prev))
             o = gl.fma(o, _rows_of(alpha_prev, mma), done)
+            l = gl.fma(l, _rows_of(alpha_prev, mma8), done_l)
         else:
             acc = _pv8(p, ring, prev, zero)
-            acc, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(prev)])
+            acc_l = _l8(p, q, zero8)
+            acc, acc_l, _v_done = warpgroup_mma_wait(0, deps=[acc, acc_l, ring.v.index(prev)])
             mbarrier.arrive(ring.v_empty.index(prev))
             o = gl.fma(o, _rows_of(alpha_prev, mma), acc)
-            s = _qk8(q_smem, ring, slot, zero)
+            l = gl.fma(l, _rows_of(alpha_prev, mma8), acc_l)
+            s = _qk8(q.q_smem, ring, slot, zero)
             s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(slot)])
             mbarrier.arrive(ring.k_empty.index(slot))
-            m, alpha, l, p_next = _softmax8(s, m, l, c, j * BN, keys, MASKED)
+            m, alpha, p_next = _softmax8(s, m, c, j * BN, keys, MASKED)
         return m, l, o, alpha, p_next
 
     @gluon.jit
@@ -259,14 +268,18 @@ if HAS_GLUON:
         mma: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32]
         )
+        mma8: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 32]
+        )
         _q8_to_smem(q)
         zero = gl.zeros([R, BN], gl.float32, mma)
+        zero8 = gl.zeros([R, 8], gl.float32, mma8)
         o = gl.zeros([R, DV], gl.float32, mma)
-        # m, l and c in the layout the block-max reduction gives (that of the `tl` kernel's m and l).
+        l = zero8  # folded row sums, each of its 8 columns
+        # m and c in the layout the block-max reduction gives (that of the `tl` kernel's m).
         m = gl.max(
             gl.max(gl.reshape(gl.full([R, BN], float("-inf"), gl.float32, mma), [R, BN // 32, 32]), 2), 1
         )
-        l = gl.zeros_like(m)
         c = gl.load(q.RowScale + q.q_row0 + gl.arange(0, R, layout=m.type.layout))
         n_tiles = keys.n_tiles
         n_full = keys.Lk // BN  # tiles whose keys are all valid: no select on their scores
@@ -274,20 +287,22 @@ if HAS_GLUON:
         s = _qk8(q_smem, ring, 0, zero)
         s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(0)])
         mbarrier.arrive(ring.k_empty.index(0))
-        m, alpha, l, p = _softmax8(s, m, l, c, 0, keys, True)
+        m, alpha, p = _softmax8(s, m, c, 0, keys, True)
         for j in range(1, n_full):
-            m, l, o, alpha, p = _step8(j, m, l, o, alpha, p, c, q_smem, ring, zero, keys, False)
+            m, l, o, alpha, p = _step8(j, m, l, o, alpha, p, c, q, ring, zero, zero8, keys, False)
         for j in range(gl.maximum(n_full, 1), n_tiles):
-            m, l, o, alpha, p = _step8(j, m, l, o, alpha, p, c, q_smem, ring, zero, keys, True)
+            m, l, o, alpha, p = _step8(j, m, l, o, alpha, p, c, q, ring, zero, zero8, keys, True)
         last = (n_tiles - 1) % STAGES
         mbarrier.wait(ring.v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
         acc = _pv8(p, ring, last, zero)
-        acc, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(last)])
+        acc_l = _l8(p, q, zero8)
+        acc, acc_l, _v_done = warpgroup_mma_wait(0, deps=[acc, acc_l, ring.v.index(last)])
         mbarrier.arrive(ring.v_empty.index(last))
         o = gl.fma(o, _rows_of(alpha, mma), acc)
+        l = gl.fma(l, _rows_of(alpha, mma8), acc_l)
 
         # O and lse in the layout of O~'s rows (the `tl` FP8 kernel's finish).
-        l_rows = gl.convert_layout(l, gl.SliceLayout(1, mma))
+        l_rows = gl.convert_layout(gl.max(l, 1), gl.SliceLayout(1, mma))  # its 8 equal columns
         m_rows = gl.convert_layout(m, gl.SliceLayout(1, mma))
         cols = gl.arange(0, DV, layout=gl.SliceLayout(0, mma))
         colscale = gl.load(keys.ColScale + keys.cs_base + cols)  # 2**a_v per output column
@@ -345,6 +360,9 @@ if HAS_GLUON:
         q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([R, DQ], gl.float8e4nv)
         q0 = gl.allocate_shared_memory(gl.float8e4nv, [R, DQ], q_layout)
         q1 = gl.allocate_shared_memory(gl.float8e4nv, [R, DQ], q_layout)
+        ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BN], gl.float8e4nv)
+        ones0 = gl.allocate_shared_memory(gl.float8e4nv, [8, BN], ones_layout)
+        ones1 = gl.allocate_shared_memory(gl.float8e4nv, [8, BN], ones_layout)
         k_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, DQ], k_desc.layout)
         v_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, DV, BN], v_desc.layout)
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -368,8 +386,8 @@ if HAS_GLUON:
         epi = Epilogue(Out, Lse, None, b, h, out_base, lse_base, stride_om, stride_od, Lq, OUT_MAX, False)
         gl.warp_specialize(
             [
-                (_consumer8, (QTile8(Q8, RowScale, q0, q_row0, row0), ring, keys, epi)),
-                (_consumer8, (QTile8(Q8, RowScale, q1, q_row0 + R, row0 + R), ring, keys, epi)),
+                (_consumer8, (QTile8(Q8, RowScale, q0, ones0, q_row0, row0), ring, keys, epi)),
+                (_consumer8, (QTile8(Q8, RowScale, q1, ones1, q_row0 + R, row0 + R), ring, keys, epi)),
                 (_producer8, (k_desc, v_desc, ring, bhk * LKP, bhk * DV, n_tiles)),
             ],
             [4, 1],
@@ -379,7 +397,7 @@ if HAS_GLUON:
 
 def fast_gluon_reason(
     *, dq: int, dv: int, block_n: int, is_causal: bool = False, masked: bool = False, debug_p: bool = False,
-    scale: float = 1.0,
+    scale: float = 1.0, pnq: bool = True,
 ) -> str | None:  # fmt: skip
     """None if `mx_attention_fwd_hopper_fp8` computes this fast-mode call (dense: varlen and Q
     smoothing have no fast kernel at all, `attention_fwd_fp8.fp8_reason`), else why not (the `tl`
@@ -395,6 +413,8 @@ def fast_gluon_reason(
         return f"{', '.join(named)}: the Gluon FP8 kernel serves dense unmasked calls only"
     if not (scale > 0 and math.isfinite(scale * LOG2E)):
         return f"scale={scale!r}: the kernels' constant scale * log2(e) must be a positive fp32"
+    if not pnq:
+        return "PNQ off: the Gluon FP8 kernel's row sum is PNQ's (the MMA's sum of the folded P~)"
     return None
 
 

@@ -703,7 +703,7 @@ def plan_call(
 
         gluon_reason = fast_gluon_reason(
             dq=d, dv=dv, block_n=bn, is_causal=is_causal, masked=mask is not None, debug_p=debug_p,
-            scale=kscale,
+            scale=kscale, pnq=cfg.pnq,
         )  # fmt: skip
     fwd = FwdKernel(fwd_hopper.fwd_kernel_for(target, gluon_reason, fwd_kernel))
     dp, dvp = padded_dim(d), padded_dim(dv)

@@ -29,8 +29,10 @@ Structure (one CTA per 128 query rows of one (batch, head)), as `attention_fwd_h
   stores V^'s keys in the order a thread holds them (`attention_fwd_fp8.key_slot`), `_key_slots`
   permutes P~'s columns likewise, and the conversion to the A operand is a byte permutation
   within each thread.
-- intra-warpgroup overlap (OVERLAP, off by default, see there): S_{j+1} and P~_j V^_j in flight
-  together while the softmax of tile j + 1 runs.
+- per key tile j (`_tile8`): S_j, its softmax, then P~_j V^_j and P~_j's row sums (PNQ's l by an
+  FP8 wgmma m64n8k32 against E4M3 ones), O~ = fma(O~, alpha_j, P~_j V^_j); the other consumer's
+  wgmmas run under each softmax. The intra-warpgroup overlap (OVERLAP: S_{j+1} in flight beside
+  P~_j V^_j) is there to be timed, off by default (see OVERLAP).
 """
 
 from __future__ import annotations
@@ -53,11 +55,11 @@ HEAD_DIM, BLOCK_M, BLOCK_N = hopper.HEAD_DIM, hopper.BLOCK_M, hopper.BLOCK_N
 # K^ / V^ ring stages (16 KiB + 16 KiB each), registers per consumer / producer thread (setmaxnreg).
 STAGES, CONSUMER_REGS, PRODUCER_REGS = 2, 240, 24
 NUM_WARPS = 4  # the default partition's (consumer 0's) warps
-# S_{j+1} and P~_j V^_j in flight together (the exact Gluon forward's schedule). Off: with it ptxas
-# spills 576 bytes per consumer thread (Triton 3.6; 656 with 3.9), ~21 stores and loads per key tile,
-# while the kernel is bound by issue slots (~1280 SASS instructions per tile and consumer against ~8
-# FP8 wgmmas), not by waiting for its wgmmas: the other consumer's wgmmas run under each softmax.
-# benchmarks/check_fp8_gpu.py times both.
+# S_{j+1} and P~_j V^_j in flight together (the exact Gluon forward's schedule). Off: the kernel is
+# bound by issue slots, not by waiting for its wgmmas (the other consumer's run under each softmax),
+# and the overlap carries P~ from one iteration to the next, which the compiler does as bytes split
+# and packed again: 1165 SASS instructions per key tile and consumer against 911 without
+# (`_tile8`; Triton 3.6, benchmarks/fp8_gluon_build.py). benchmarks/check_fp8_gpu.py times both.
 OVERLAP = False
 # P~'s E4M3 rounding by the hardware conversion (cvt.rn.satfinite.e4m3x2.f32) on targets listed in
 # `targets.HW_E4M3_CAST`: exact on P~'s E2M1 x 2**k values, and equal to `cast.e4m3_round` on every
@@ -180,7 +182,6 @@ if HAS_GLUON:
         """(m_new, alpha, P~ as the 8-bit A operand) of folded scores s, with the `tl` FP8 kernel's
         operations (`fp8_p_tile`, its E4M3 rounding); MASKED: keys past Lk get -inf (before the
         factor c, as the `tl` kernel's mask). PNQ's l: `_l8`."""
-        R: gl.constexpr = s.shape[0]
         BN: gl.constexpr = s.shape[1]
         P_CVT: gl.constexpr = keys.CAST[4]
         dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s.type.layout, k_width=4)
@@ -188,14 +189,32 @@ if HAS_GLUON:
             offs_n = start_n + gl.arange(0, BN, layout=gl.SliceLayout(0, s.type.layout))
             s = gl.where(offs_n[None, :] < keys.Lk, s, float("-inf"))
         m_new, alpha, _p3, r3 = fp8_p_tile(s, m, c, keys.CAST[1], keys.CAST[2], keys.CAST[3], False)
+        # The values in the A operand's layout first (fp32: a renaming of registers, `_key_slots`), then
+        # the cast (`_e4m3x4`): P_CVT rounds by the hardware conversion (exact on P~'s E2M1 x 2**k
+        # values, the nearest E4M3 below 2**-16 as `cast.e4m3_round`), else the values are E4M3
+        # already (`cast.e4m3_round`) and the conversion is exact.
         if P_CVT:
-            # One cvt.rn.satfinite.e4m3x2.f32 per pair (exact on P~'s E2M1 x 2**k values, the nearest
-            # E4M3 below 2**-16 as `cast.e4m3_round`), and back for l: l adds the bytes the MMA reads.
-            p8 = gl.reshape(r3, [R, BN]).to(gl.float8e4nv, fp_downcast_rounding="rtne")
-            p = gl.convert_layout(_key_slots(gl.reshape(p8, [R, BN // 32, 32])), dot_a)
+            r = _key_slots(r3)
         else:
-            p = gl.convert_layout(_key_slots(e4m3_round(r3)).to(gl.float8e4nv), dot_a)  # exact: E4M3 values
-        return m_new, alpha, p
+            r = _key_slots(e4m3_round(r3))
+        return m_new, alpha, _e4m3x4(gl.convert_layout(r, dot_a))
+
+    @gluon.jit
+    def _e4m3x4(x):
+        """float8e4nv of fp32 x, round to nearest even, saturating (E4M3 has no infinity): two
+        cvt.rn.satfinite.e4m3x2.f32 per 4 neighbouring registers, written as one 32-bit register,
+        which in the 8-bit A operand's layout (k_width 4) is the operand's register as it is (the
+        cast's generic lowering splits each pair into bytes and packs them again: ~200 more
+        instructions per key tile)."""
+        return gl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; "
+            "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; mov.b32 $0, {lo, hi}; }",
+            "=r,f,f,f,f",
+            [x],
+            dtype=gl.float8e4nv,
+            is_pure=True,
+            pack=4,
+        )
 
     @gluon.jit
     def _key_slots(x3):
@@ -211,6 +230,32 @@ if HAS_GLUON:
     @gluon.jit
     def _rows_of(x, layout: gl.constexpr):
         return gl.convert_layout(x, gl.SliceLayout(1, layout))[:, None]
+
+    @gluon.jit
+    def _tile8(j, m, l, o, c, q, ring, zero, zero8, keys, MASKED: gl.constexpr):
+        """Key tile j without the overlap: S_j, its softmax, then P~_j V^_j and its row sums, O~ =
+        fma(O~, alpha_j, P~_j V^_j), l likewise; (m, l, O~) after it. P~ lives within the tile, so
+        its bytes go to the wgmma in the registers the cast wrote (carried across iterations, the
+        compiler splits them into bytes and packs them again)."""
+        BN: gl.constexpr = ring.k.type.shape[1]
+        STAGES: gl.constexpr = ring.STAGES
+        mma: gl.constexpr = o.type.layout
+        mma8: gl.constexpr = l.type.layout
+        slot = j % STAGES
+        phase = (j // STAGES) & 1
+        mbarrier.wait(ring.k_ready.index(slot), phase)
+        s = _qk8(q.q_smem, ring, slot, zero)
+        s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(slot)])
+        mbarrier.arrive(ring.k_empty.index(slot))
+        m, alpha, p = _softmax8(s, m, c, j * BN, keys, MASKED)
+        mbarrier.wait(ring.v_ready.index(slot), phase)
+        acc = _pv8(p, ring, slot, zero)
+        acc_l = _l8(p, q, zero8)
+        acc, acc_l, _v_done = warpgroup_mma_wait(0, deps=[acc, acc_l, ring.v.index(slot)])
+        mbarrier.arrive(ring.v_empty.index(slot))
+        o = gl.fma(o, _rows_of(alpha, mma), acc)
+        l = gl.fma(l, _rows_of(alpha, mma8), acc_l)
+        return m, l, o
 
     @gluon.jit
     def _step8(j, m, l, o, alpha_prev, p, c, q, ring, zero, zero8, keys, MASKED: gl.constexpr):
@@ -283,23 +328,29 @@ if HAS_GLUON:
         c = gl.load(q.RowScale + q.q_row0 + gl.arange(0, R, layout=m.type.layout))
         n_tiles = keys.n_tiles
         n_full = keys.Lk // BN  # tiles whose keys are all valid: no select on their scores
-        mbarrier.wait(ring.k_ready.index(0), 0)
-        s = _qk8(q_smem, ring, 0, zero)
-        s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(0)])
-        mbarrier.arrive(ring.k_empty.index(0))
-        m, alpha, p = _softmax8(s, m, c, 0, keys, True)
-        for j in range(1, n_full):
-            m, l, o, alpha, p = _step8(j, m, l, o, alpha, p, c, q, ring, zero, zero8, keys, False)
-        for j in range(gl.maximum(n_full, 1), n_tiles):
-            m, l, o, alpha, p = _step8(j, m, l, o, alpha, p, c, q, ring, zero, zero8, keys, True)
-        last = (n_tiles - 1) % STAGES
-        mbarrier.wait(ring.v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
-        acc = _pv8(p, ring, last, zero)
-        acc_l = _l8(p, q, zero8)
-        acc, acc_l, _v_done = warpgroup_mma_wait(0, deps=[acc, acc_l, ring.v.index(last)])
-        mbarrier.arrive(ring.v_empty.index(last))
-        o = gl.fma(o, _rows_of(alpha, mma), acc)
-        l = gl.fma(l, _rows_of(alpha, mma8), acc_l)
+        if keys.OVERLAP:
+            mbarrier.wait(ring.k_ready.index(0), 0)
+            s = _qk8(q_smem, ring, 0, zero)
+            s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(0)])
+            mbarrier.arrive(ring.k_empty.index(0))
+            m, alpha, p = _softmax8(s, m, c, 0, keys, True)
+            for j in range(1, n_full):
+                m, l, o, alpha, p = _step8(j, m, l, o, alpha, p, c, q, ring, zero, zero8, keys, False)
+            for j in range(gl.maximum(n_full, 1), n_tiles):
+                m, l, o, alpha, p = _step8(j, m, l, o, alpha, p, c, q, ring, zero, zero8, keys, True)
+            last = (n_tiles - 1) % STAGES
+            mbarrier.wait(ring.v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+            acc = _pv8(p, ring, last, zero)
+            acc_l = _l8(p, q, zero8)
+            acc, acc_l, _v_done = warpgroup_mma_wait(0, deps=[acc, acc_l, ring.v.index(last)])
+            mbarrier.arrive(ring.v_empty.index(last))
+            o = gl.fma(o, _rows_of(alpha, mma), acc)
+            l = gl.fma(l, _rows_of(alpha, mma8), acc_l)
+        else:
+            for j in range(0, n_full):
+                m, l, o = _tile8(j, m, l, o, c, q, ring, zero, zero8, keys, False)
+            for j in range(n_full, n_tiles):
+                m, l, o = _tile8(j, m, l, o, c, q, ring, zero, zero8, keys, True)
 
         # O and lse in the layout of O~'s rows (the `tl` FP8 kernel's finish).
         l_rows = gl.convert_layout(gl.max(l, 1), gl.SliceLayout(1, mma))  # its 8 equal columns

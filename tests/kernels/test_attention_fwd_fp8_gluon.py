@@ -1,10 +1,9 @@
 """The fast mode's Gluon forward on sm_90 (`kernels.attention_fwd_hopper_fp8`), docs/fast_mode.md.
 
 On the CPU: which calls the planner gives it (the Gluon FP8 kernel cannot run on Triton's
-interpreter). On an sm_90 GPU: the kernel against the `tl` FP8 kernel (the same FP8 wgmma shapes and
-k order, so the same bits), against its emulation within the fast mode's bound, P~'s hardware E4M3
-rounding against the software one (the same bits), and the induced weights' row sums (V =
-identity). Its build (wgmma kinds, spills, registers) is read offline by
+interpreter). On an sm_90 GPU: the kernel against the `tl` FP8 kernel (the same scores, P~ bytes and
+FP8 k-steps), against its emulation within the fast mode's bound, P~'s hardware E4M3 rounding against
+the software one (the same bits), and the induced weights' row sums (V = identity). Its build (wgmma kinds, spills, registers) is read offline by
 `benchmarks/fp8_gluon_build.py` (a build costs ~6 s of CPU, over this suite's budget).
 """
 
@@ -104,13 +103,20 @@ CASES = [
 
 @gpu
 @pytest.mark.parametrize("kind,shape", CASES, ids=[c[0] for c in CASES])
-def test_gluon_fp8_kernel_equals_the_tl_fp8_kernel(kind, shape):
+def test_gluon_fp8_kernel_matches_the_tl_fp8_kernel(kind, shape):
+    """The same scores, P~ bytes and FP8 instruction groups (32 keys per k-step) as the `tl` kernel;
+    within a k-step the P~ V^ products and row sums come in `key_slot` order, not in key order, so
+    only the FP8 accumulator's treatment of that order may differ (check_fp8_gpu.py reports whether
+    the bits are equal)."""
     q, k, v = _inputs(kind, shape, seed=len(kind))
     scale = 128**-0.5
     got = fused_attention(q, k, v, FAST, scale=scale, fwd_kernel="gluon")
     want = fused_attention(q, k, v, FAST, scale=scale, fwd_kernel="tl")
-    assert torch.equal(got.out.view(torch.int16), want.out.view(torch.int16))
-    assert torch.equal(got.lse.view(torch.int32), want.lse.view(torch.int32))
+    assert torch.equal(torch.isfinite(got.out), torch.isfinite(want.out))
+    fin = torch.isfinite(want.out)
+    a, b = got.out.float()[fin].double(), want.out.float()[fin].double()
+    assert ((a - b).norm() / b.norm()).item() <= 1e-4
+    assert torch.allclose(got.lse, want.lse, rtol=0, atol=1e-4, equal_nan=True)
 
 
 @gpu

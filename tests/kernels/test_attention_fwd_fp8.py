@@ -113,3 +113,13 @@ def test_kernel_saturates_p_under_a_floor_rule(device):
     c = compare(q * 4, k * 4, v, ocp, device=device)  # wide score spreads: many P~ blocks saturate
     _check(c)
     assert c.p_differ == 0
+
+
+def test_kernel_keeps_rows_finite_where_the_score_factor_underflows(device):
+    """Q and K of tiny magnitude: the row's factor scale log2(e) 2**(a_q + a_k) is below fp32's range
+    (the scores are 0 in fp32, the reference's softmax uniform); masked keys (past Lk) must stay
+    -inf, not -inf x 0 = NaN."""
+    q, k, v = qkv(1, 1, 1, 40, 70, 32, seed=11)
+    c = compare(q * 1e-30, k * 1e-20, v, FAST, device=device)
+    assert torch.isfinite(c.out).all() and torch.isfinite(c.lse).all()
+    _check(c)

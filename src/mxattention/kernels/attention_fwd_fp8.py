@@ -46,6 +46,7 @@ from mxattention.kernels.online_softmax import finish_lse
 
 FOLD_TOP = 8  # formats.fold.FOLD_TOP: a group's largest value folds to 256 or 384
 P_FOLD = 256.0  # 2**formats.fold.P_FOLD_EXP
+FP32_TINY_HOST = 2.0**-126  # fp32's smallest normal: the least score factor (`fp8_operands`)
 NO_ANCHOR = -(2**20)  # the anchor pass's value for a group of zeros: below every real anchor
 FOLD_ROWS = 32  # rows per program of the fold passes
 # P~'s rounding onto E4M3 by the hardware conversion (`targets.hw_e4m3_cast`) is off: on the H200
@@ -419,6 +420,9 @@ def fp8_operands(q_bf16: torch.Tensor, k_bf16: torch.Tensor, v_bf16: torch.Tenso
     v8t, av = fold_pass(v_bf16, "column")
     c = float(torch.tensor(scale * LOG2E, dtype=torch.float32))
     rowscale = pow2_f32(aq + ak.repeat_interleave(group, dim=1)[..., None], c)
+    # A factor below fp32's normal range (Q and K rows of magnitude ~1e-25 and less: their scores are
+    # 0 in fp32) is 2**-126: scores s c then stay (near) 0, and masked keys -inf (-inf x 0 is NaN).
+    rowscale.clamp_(min=FP32_TINY_HOST)
     return q8, rowscale, k8, v8t, pow2_f32(av)
 
 

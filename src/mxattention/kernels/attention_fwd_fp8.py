@@ -23,7 +23,9 @@ emulation, which the tests compare this kernel with.
   the accumulator arithmetic of P~ V^, then `l = l alpha + tile` by one fma). Each key tile's P^ V^ goes to a fresh fp32
   accumulator and is added to O~ by one fma: `O~ = O~ alpha + acc` (Hopper's FP8 wgmma accumulates
   with fewer bits than fp32, so a tile's 4 k-steps are all that share it).
-- Finally O = O~ / l * 2**a_v per column, lse = m + log2(l 2**-8) in natural-log units.
+- The factor 2**8 comes from exp2: the kernels subtract m - 8 instead of the running max m
+  (`fp8_shift`; exact while |m| < 2**27, beyond which rows keep the factor 1).
+- Finally O = O~ / l * 2**a_v per column, lse = (m - 8) + log2(l) in natural-log units.
 """
 
 from __future__ import annotations
@@ -201,34 +203,56 @@ def pow2_f32(e: torch.Tensor, c: float = 1.0) -> torch.Tensor:
 
 
 @triton.jit
+def fp8_shift(m):
+    """m - 8 (fp32, exact) for |m| < 2**27, else m: the running max as `fp8_p_tile` subtracts it, so
+    that exp2 gives P~ times the fixed factor 2**8 (formats.fold.P_FOLD_EXP) without a multiply.
+    Rows with |m| >= 2**27 (where m - 8 is not a float: from 2**27 to 2**28 it would round to m - 16
+    or m) keep the factor 1: their P~ folds exactly down to block scales 2**-8 instead of 2**-16,
+    and l, O and lse stay consistent (`fp8_finish_lse`)."""
+    return tl.where(tl.abs(m) < 134217728.0, m - 8.0, m)
+
+
+@triton.jit
 def fp8_p_tile(
     s, m, c, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constexpr, EXP_FLUSH: tl.constexpr
 ):
-    """(m_new, alpha, p3 = P~, r3 = P^ 2**8) of one key tile's folded scores s [R, BN] (masked keys
-    -inf) and the running max m [R], with the per-row factor c [R] (`online_softmax.p_tile`'s
-    operations and roundings, c per row); p3 and r3 [R, BN / 32, 32] fp32, r3 the E2M1 values times
-    the fixed factor 2**8 (exact), not yet rounded onto E4M3. Layout-free: the `tl` FP8 kernel and
-    the Gluon one (`attention_fwd_hopper_fp8`) both call it."""
+    """(m_new, alpha, p3 = P~ 2**8, r3 = P^ 2**8) of one key tile's folded scores s [R, BN] (masked
+    keys -inf) and the running max m [R], with the per-row factor c [R] (`online_softmax.p_tile`'s
+    operations, c per row, the max shifted by `fp8_shift`: the factor 2**8 of the fold comes from
+    exp2); p3 and r3 [R, BN / 32, 32] fp32, r3 the E2M1 values times 2**8 (E2M1 values of the
+    scaled block), not yet rounded onto E4M3. Layout-free: the `tl` FP8 kernel and the Gluon one
+    (`attention_fwd_hopper_fp8`) both call it."""
     R: tl.constexpr = s.shape[0]
     BN: tl.constexpr = s.shape[1]
-    # As the exact kernel: block maxima from the scores, the two roundings (s * c, then - m).
+    # As the exact kernel: block maxima from the scores, the two roundings (s * c, then - m), here
+    # minus m - 8 (exact): the row max's element is exp2(8) = 256, the others 2**8 times theirs up to
+    # the rounding of the difference at 8 (an ulp of 2**-21 in the exponent); alpha is unchanged.
     s3 = tl.reshape(s, [R, BN // 32, 32])
     s_blk = tl.max(s3, 2)
     m_new = tl.maximum(m, tl.max(s_blk, 1) * c)
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = exp2_ftz(m - m_use, EXP_FLUSH)
-    p3 = exp2_ftz(s3 * c[:, None, None] - m_use[:, None, None], EXP_FLUSH)
-    p_blk = exp2_ftz(s_blk * c[:, None] - m_use[:, None], EXP_FLUSH)
+    m_sh = fp8_shift(m_use)
+    alpha = exp2_ftz(fp8_shift(m) - m_sh, EXP_FLUSH)
+    p3 = exp2_ftz(s3 * c[:, None, None] - m_sh[:, None, None], EXP_FLUSH)
+    p_blk = exp2_ftz(s_blk * c[:, None] - m_sh[:, None], EXP_FLUSH)
     two_e = block_scale(p_blk, CEIL, Q_EXP, Q_MANT)
-    # P^ (exact E2M1 values), then folded: x 2**8 (exact); E4M3's rounding (exact for scales >= 2**-16)
-    # is the caller's. A ceil rule with boundary q < 7 never rounds an element above 6 * 2**e (it
-    # is at most q 2**e, and 6 is the nearest ladder value below 7), so `e2m1_round`'s saturation is
-    # the identity there (NaN stays NaN either way): one min per element less (UOS, q = 6.5).
+    # P^ (E2M1 values of the scaled block); E4M3's rounding (exact for scales >= 2**-16 of the row
+    # max) is the caller's. A ceil rule with boundary q < 7 never rounds an element above 6 * 2**e
+    # (it is at most q 2**e, and 6 is the nearest ladder value below 7), so `e2m1_round`'s
+    # saturation is the identity there (NaN stays NaN either way): one min per element less (UOS,
+    # q = 6.5).
     if CEIL and (Q_EXP <= 1 or (Q_EXP == 2 and Q_MANT < 6291456)):
-        r3 = ladder_step_round(p3, two_e[:, :, None]) * 256.0
+        r3 = ladder_step_round(p3, two_e[:, :, None])
     else:
-        r3 = e2m1_round(p3, two_e[:, :, None]) * 256.0
+        r3 = e2m1_round(p3, two_e[:, :, None])
     return m_new, alpha, p3, r3
+
+
+@triton.jit
+def fp8_finish_lse(l, m):
+    """lse (natural log) of rows with running max m and folded sum l (P~ times 2**(m - fp8_shift(m)),
+    `fp8_p_tile`); -inf for an empty row."""
+    return finish_lse(l, fp8_shift(tl.where(m == float("-inf"), 0.0, m)))
 
 
 @triton.jit
@@ -309,7 +333,9 @@ def _fp8_tile(
         # (EXP_FLUSH is set on the interpreter, whose float8 conversion of NaN is wrong: bytes by bits there)
         p8 = _e4m3_bytes(f, EXP_FLUSH)
     if DEBUG_P:
-        tl.store(Pdbg + dbg_row + offs_n[None, :], f * 0.00390625, mask=offs_m[:, None] < Lq)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        unfold = tl.where(fp8_shift(m_use) != m_use, 0.00390625, 1.0)  # the factor of `fp8_shift`
+        tl.store(Pdbg + dbg_row + offs_n[None, :], f * unfold[:, None], mask=offs_m[:, None] < Lq)
     v8 = tl.load(V8 + v_rows + key_slot(offs_n)[None, :])  # [DV, BN]: keys contiguous (K-major B)
     acc = tl.dot(p8, tl.trans(v8), max_num_imprecise_acc=PV_ACC)
     if PNQ:
@@ -318,7 +344,7 @@ def _fp8_tile(
         ones = tl.full([BN, 16], 0x38, tl.uint8).to(tl.float8e4nv, bitcast=True)
         l = tl.fma(l, alpha, tl.max(tl.dot(p8, ones, max_num_imprecise_acc=PV_ACC), 1))
     else:
-        l = alpha * l + tl.sum(tl.reshape(p3, [BM, BN]), 1) * 256.0
+        l = alpha * l + tl.sum(tl.reshape(p3, [BM, BN]), 1)
     o_tilde = tl.fma(o_tilde, alpha[:, None], acc)  # one rounding (the Gluon FP8 kernel's too)
     return m_new, l, o_tilde
 
@@ -407,7 +433,7 @@ def _fp8_attention_kernel(
     optr = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     optr = optr + offs_m[:, None].to(tl.int64) * stride_om + offs_dv[None, :] * stride_od
     tl.store(optr, out.to(Out.dtype.element_ty), mask=(offs_m[:, None] < Lq) & (offs_dv[None, :] < Dv))
-    lse = finish_lse(l * 0.00390625, m)  # l in P~'s units (exact)
+    lse = fp8_finish_lse(l, m)
     tl.store(Lse + bh.to(tl.int64) * Lq + offs_m, lse, mask=offs_m < Lq)
 
 

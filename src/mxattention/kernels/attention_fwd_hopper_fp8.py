@@ -44,10 +44,10 @@ import torch
 
 from mxattention.kernels import attention_fwd_hopper as hopper
 from mxattention.kernels._triton import aggregate
-from mxattention.kernels.attention_fwd_fp8 import fp8_finish_o, fp8_p_tile
+from mxattention.kernels.attention_fwd_fp8 import fp8_finish_lse, fp8_finish_o, fp8_p_tile
 from mxattention.kernels.cast import e4m3_round
 from mxattention.kernels.launch import launch
-from mxattention.kernels.online_softmax import LOG2E, finish_lse
+from mxattention.kernels.online_softmax import LOG2E
 from mxattention.kernels.specs import FwdSpec
 
 HAS_GLUON = hopper.HAS_GLUON
@@ -358,7 +358,7 @@ if HAS_GLUON:
         cols = gl.arange(0, DV, layout=gl.SliceLayout(0, mma))
         colscale = gl.load(keys.ColScale + keys.cs_base + cols)  # 2**a_v per output column
         out = fp8_finish_o(o, l_rows, colscale, epi.OUT_MAX)
-        lse = finish_lse(l_rows * 0.00390625, m_rows)  # l in P~'s units (exact)
+        lse = fp8_finish_lse(l_rows, m_rows)
         rows = q.row0 + gl.arange(0, R, layout=gl.SliceLayout(1, mma))
         optr = (
             epi.Out

@@ -7,12 +7,15 @@ Exposes `fast_gluon_reason` (why a fast-mode call cannot take this kernel, None 
 It computes what `attention_fwd_fp8._fp8_attention_kernel` (the `tl` FP8 kernel, docs/fast_mode.md)
 computes, for the calls the exact path's Gluon forward serves (`attention_fwd_hopper`): head dims
 DQ = DV = 128, BN = 128 keys per tile, no causal mask, no user mask, no debug_p (the fast mode has
-no varlen kernel and no Q smoothing), PNQ on; any lengths, GQA. Same operations in the same
-order: S = F_q F_k^T by FP8 (e4m3) wgmma m64n128k32 from a fresh accumulator, the softmax step and
-P~'s E2M1 rounding times 2**8 (`attention_fwd_fp8.fp8_p_tile`, the `tl` kernel's own function), P~'s
-E4M3 rounding (software, or the hardware conversion where the plan says `P_CVT`), l from exactly
-the bytes the MMA reads (PNQ: P~ times E4M3 ones by a wgmma m64n8k32, the `tl` kernel's sum), each
-tile's P~ V^ in a fresh fp32 accumulator added by one fma `O~ = O~ alpha + acc`, then O = O~ / l per column times 2**a_v (`attention_fwd_fp8.fp8_finish_o`).
+no varlen kernel and no Q smoothing), PNQ on; any lengths, GQA. The same operations: S = F_q F_k^T
+by FP8 (e4m3) wgmma m64n128k32 from a fresh accumulator, the softmax step and P~'s E2M1 rounding
+times 2**8 (`attention_fwd_fp8.fp8_p_tile`, the `tl` kernel's own function), P~'s E4M3 rounding
+(software, or the hardware conversion where the plan says `P_CVT`), l from exactly the bytes the
+MMA reads (PNQ: P~ times E4M3 ones by a wgmma m64n8k32, as the `tl` kernel sums them), each tile's
+P~ V^ in a fresh fp32 accumulator added by one fma `O~ = O~ alpha + acc`, then O = O~ / l per
+column times 2**a_v (`attention_fwd_fp8.fp8_finish_o`). The P~ V^ products of a k-step (32 keys)
+come in `key_slot` order, so they equal the `tl` kernel's up to how the FP8 accumulator treats
+that order (tests/kernels/test_attention_fwd_fp8_gluon.py).
 
 Structure (one CTA per 128 query rows of one (batch, head)), as `attention_fwd_hopper`, whose
 `KVRing` and `Epilogue` aggregates it reuses:

@@ -115,8 +115,10 @@ def test_gluon_fp8_kernel_matches_the_tl_fp8_kernel(kind, shape):
     assert torch.equal(torch.isfinite(got.out), torch.isfinite(want.out))
     fin = torch.isfinite(want.out)
     a, b = got.out.float()[fin].double(), want.out.float()[fin].double()
-    assert ((a - b).norm() / b.norm()).item() <= 1e-4
-    assert torch.allclose(got.lse, want.lse, rtol=0, atol=1e-4, equal_nan=True)
+    # (Hopper's FP8 accumulator keeps ~14 bits per k-step: a permuted order there moves O by far less
+    # than 1e-3; a wrong key order or layout moves it by O(1).)
+    assert ((a - b).norm() / b.norm()).item() <= 1e-3
+    assert torch.allclose(got.lse, want.lse, rtol=0, atol=1e-3, equal_nan=True)
 
 
 @gpu

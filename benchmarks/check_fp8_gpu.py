@@ -23,8 +23,8 @@ build is reported and the rest go on):
 3. speed in one process, after a cuDNN warm-up, at (1, 40, 16384, 16384, 128), (1, 24, 32760, 32760,
    128) and (1, 40, 32760, 512, 128) bf16: cuDNN SDPA, the exact mxattention (whole call), the fast
    mode's whole call (the public entry, and `fused_attention` with each kernel), each kernel alone on
-   prepared operands (the `tl` one in two tilings, the Gluon one with the plan's P~ cast, the software
-   one, and without the overlap), and the pre-pass + fold alone.
+   prepared operands (the `tl` one in two tilings, the Gluon one as planned, with the software P~
+   rounding, with the overlap, with 3 ring stages), and the pre-pass + fold alone.
 
 Writes DIR/check_fp8_gpu.json and prints a table. Exits 1 if a hard check fails (a fast kernel's
 deviation from the exact method over 2 % of the method's own error, non-finite outputs where the
@@ -428,7 +428,8 @@ def speed_shape(name: str, shape, rep_ms: float, warmup_s: float, log) -> dict:
         "fast_kernel_tl_w4_s2_bm64": kernel(num_warps=4, num_stages=2, block_m=64),
         "fast_kernel_gluon": gluon_kernel(),
         "fast_kernel_gluon_sw_p": gluon_kernel(P_CVT=False),
-        "fast_kernel_gluon_no_overlap": gluon_kernel(OVERLAP=False),
+        "fast_kernel_gluon_overlap": gluon_kernel(OVERLAP=True),
+        "fast_kernel_gluon_3_stages": gluon_kernel(STAGES=3),
     }
     flop = 4.0 * lq * lk * d * h
     rows = {}
@@ -452,7 +453,7 @@ def speed_shape(name: str, shape, rep_ms: float, warmup_s: float, log) -> dict:
 TABLE_ROWS = (
     "sdpa_cudnn", "mx_exact", "mx_exact_public", "mx_fast_public", "mx_fast_call_tl", "mx_fast_call_gluon",
     "fast_prepass_and_fold", "fast_kernel_tl_w8_s2", "fast_kernel_tl_w4_s2_bm64", "fast_kernel_gluon",
-    "fast_kernel_gluon_sw_p", "fast_kernel_gluon_no_overlap",
+    "fast_kernel_gluon_sw_p", "fast_kernel_gluon_overlap", "fast_kernel_gluon_3_stages",
 )  # fmt: skip
 
 

@@ -313,7 +313,7 @@ def build_info() -> dict:
         for name, kw in (
             ("gluon", {}),
             ("gluon_sw_p", {"P_CVT": False}),
-            ("gluon_no_overlap", {"OVERLAP": False}),
+            ("gluon_overlap", {"OVERLAP": True}),
         ):
             try:
                 info[name] = summarize_fast_gluon(target, **kw)

@@ -15,7 +15,7 @@ from mxattention.attention.config import get_method
 from mxattention.attention.reference import reference_attention
 from mxattention.formats.fold import fold
 from mxattention.formats.mx import fake_quantize
-from mxattention.kernels.attention_fwd_fp8 import fold_pass
+from mxattention.kernels.attention_fwd_fp8 import fold_pass, key_slots
 from mxattention.kernels.plan import plan_call
 
 from .helpers import compare, qkv
@@ -78,10 +78,19 @@ def test_fold_pass_bytes_equal_formats_fold(anchors, dims, axis, device):
     f8, a = fold_pass(x.to(device).contiguous(), anchors)
     f, ra = fold(x.float(), dims)
     got = f8.float().cpu()
-    if anchors == "column":
-        got = got.transpose(-1, -2)
+    if anchors == "column":  # V^ transposed, keys in key_slot order within blocks of 32
+        got = got[..., key_slots(torch.arange(got.shape[-1]))].transpose(-1, -2)
     assert torch.equal(a.cpu(), ra.reshape(a.shape))
     assert torch.equal(torch.nan_to_num(got, nan=1e9), torch.nan_to_num(f, nan=1e9))
+
+
+def test_key_slots_permute_each_block_of_32_as_the_fp8_a_operand_holds_p():
+    """Accumulator column 16 i1 + 8 i0 + 2 t + e of a 32-key block sits at 16 i1 + 4 t + 2 i0 + e."""
+    n = torch.arange(256)
+    slots = key_slots(n)
+    assert torch.equal(torch.sort(slots).values, n) and torch.equal(slots // 32, n // 32)
+    i1, i0, t, e = (n % 32) // 16, (n % 32) // 8 % 2, (n % 32) // 2 % 4, n % 2
+    assert torch.equal(slots % 32, 16 * i1 + 4 * t + 2 * i0 + e)
 
 
 def test_plan_names_the_fast_kernel_and_refuses_what_it_does_not_serve():
@@ -94,3 +103,34 @@ def test_plan_names_the_fast_kernel_and_refuses_what_it_does_not_serve():
     cu = torch.tensor([0, 20], dtype=torch.int32)
     packed = [x[0].transpose(0, 1) for x in (q, k, v)]
     assert "dense calls" in plan_call(FAST, *packed, scale=0.125, varlen=(cu, cu, 20, 20)).refusal
+
+
+def test_kernel_saturates_p_under_a_floor_rule(device):
+    """Under OCP's floor rule a block's elements reach 8 x 2**e before the cast, which saturates them
+    at 6 x 2**e; the kernels skip that min only for ceil rules with boundary < 7 (`fp8_p_tile`)."""
+    ocp = dataclasses.replace(get_method("mxfp4-ocp-hadamard-pnq"), name="ocp-fast", mma="fp8")
+    q, k, v = qkv(1, 1, 1, 40, 96, 32, seed=9)
+    c = compare(q * 4, k * 4, v, ocp, device=device)  # wide score spreads: many P~ blocks saturate
+    _check(c)
+    assert c.p_differ == 0
+
+
+def test_kernel_keeps_rows_finite_where_the_score_factor_underflows(device):
+    """Q and K of tiny magnitude: the row's factor scale log2(e) 2**(a_q + a_k) is below fp32's range
+    (the scores are 0 in fp32, the reference's softmax uniform); masked keys (past Lk) must stay
+    -inf, not -inf x 0 = NaN."""
+    q, k, v = qkv(1, 1, 1, 40, 70, 32, seed=11)
+    c = compare(q * 1e-30, k * 1e-20, v, FAST, device=device)
+    assert torch.isfinite(c.out).all() and torch.isfinite(c.lse).all()
+    _check(c)
+
+
+def test_kernel_rows_with_huge_scores_keep_the_emulations_result(device):
+    """Scores of ~1e9 (log2 units): the running max minus 8 is not exact there, so those rows fold P~
+    without the factor 2**8 (`fp8_shift`); O, l and lse stay the emulation's."""
+    q, k, v = qkv(1, 1, 1, 40, 70, 32, seed=13, outliers=False)
+    c = compare(q * 3e4, k * 3e4, v, FAST, device=device)
+    big = c.ref_lse[torch.isfinite(c.ref_lse)].abs()
+    assert big.max().item() > 2.0**28 and (big > 2.0**27).float().mean().item() > 0.5
+    assert torch.isfinite(c.out).all()
+    _check(c)

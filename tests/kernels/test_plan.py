@@ -26,15 +26,16 @@ def _on(monkeypatch, target):
 
 def test_fast_mode_hardware_cast_is_the_planners_choice(monkeypatch):
     """The fast mode's P~ onto E4M3 by the hardware cast is decided in the plan: on sm_90 (listed in
-    HW_E4M3_CAST) only while attention_fwd_fp8.HW_P_CAST allows it (off since NaN rows on the H200)."""
+    HW_E4M3_CAST) only while attention_fwd_fp8.HW_P_CAST allows it (off since NaN rows on the H200),
+    for the `tl` FP8 kernel (the Gluon one's switch: test_attention_fwd_fp8_gluon.py)."""
     q, k, v = qkv(1, 2, 2, 130, 200, 128)
     _on(monkeypatch, targets.SM_90A)
     fast = get_method("mxattention-fast")
-    assert plan.plan_call(fast, q, k, v, scale=0.1).p_cvt is False
+    assert plan.plan_call(fast, q, k, v, scale=0.1, fwd_kernel="tl").p_cvt is False
     monkeypatch.setattr(plan, "HW_P_CAST", True)
-    assert plan.plan_call(fast, q, k, v, scale=0.1).p_cvt is True
+    assert plan.plan_call(fast, q, k, v, scale=0.1, fwd_kernel="tl").p_cvt is True
     monkeypatch.setattr(targets, "HW_E4M3_CAST", frozenset())
-    assert plan.plan_call(fast, q, k, v, scale=0.1).p_cvt is False
+    assert plan.plan_call(fast, q, k, v, scale=0.1, fwd_kernel="tl").p_cvt is False
 
 
 def test_plan_is_frozen_and_read_from_the_target_tables(monkeypatch):

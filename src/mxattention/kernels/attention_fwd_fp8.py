@@ -11,16 +11,21 @@ emulation, which the tests compare this kernel with.
   becomes f = E4M3(x 2**-a), a = floor(log2 max|x| of its group) - 8, computed from the exact bf16
   values of the pre-pass with the float adder's rounding (`cast.e4m3_round`, so the bytes do not
   depend on a conversion's rounding mode: the conversion sees E4M3 values only). V^ is written
-  transposed [Dv, Lk] (Hopper's FP8 wgmma reads its B operand K-major from shared memory).
+  transposed [Dv, Lk] (Hopper's FP8 wgmma reads its B operand K-major from shared memory), the keys
+  of each block of 32 permuted (`key_slot`: the order in which the Gluon kernel's P~ leaves the
+  accumulator of S).
 - Scores: S = (F_q F_k^T) * rowscale, rowscale = scale log2(e) 2**(a_q + a_k) per query row (fp32,
   exact: a power of two times the exact path's constant), so the scores are the exact path's
   wherever the dot sums are; then the exact path's softmax and P~ cast, line for line
   (`attention_fwd._attend_tile`'s order and roundings).
 - P~: the E2M1 values P^ times 2**8 rounded onto E4M3 (exact for blocks scaled >= 2**-16), one
-  byte each; PNQ's l adds exactly those values. Each key tile's P^ V^ goes to a fresh fp32
-  accumulator and is added to O~: `O~ = O~ alpha + acc` (Hopper's FP8 wgmma accumulates with
-  fewer bits than fp32, so a tile's 4 k-steps are all that share it).
-- Finally O = O~ / l * 2**a_v per column, lse = m + log2(l 2**-8) in natural-log units.
+  byte each; PNQ's l adds exactly those values, by the tensor cores (P~ times a column of ones, in
+  the accumulator arithmetic of P~ V^, then `l = l alpha + tile` by one fma). Each key tile's P^ V^ goes to a fresh fp32
+  accumulator and is added to O~ by one fma: `O~ = O~ alpha + acc` (Hopper's FP8 wgmma accumulates
+  with fewer bits than fp32, so a tile's 4 k-steps are all that share it).
+- The factor 2**8 comes from exp2: the kernels subtract m - 8 instead of the running max m
+  (`fp8_shift`; exact while |m| < 2**27, beyond which rows keep the factor 1).
+- Finally O = O~ / l * 2**a_v per column, lse = (m - 8) + log2(l) in natural-log units.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 
 from mxattention.kernels._triton import kernels_interpreted, tl, triton
 from mxattention.kernels.attention_fwd import LOG2E, MASK_ADD, MASK_BOOL, MASK_NONE, _mask_scores
+from mxattention.kernels.cast import _ladder_step_round as ladder_step_round
 from mxattention.kernels.cast import (
     block_scale,
     e2m1_round,
@@ -38,9 +44,11 @@ from mxattention.kernels.cast import (
     exp2_int,
     floor_log2_mantissa,
 )
+from mxattention.kernels.online_softmax import finish_lse
 
 FOLD_TOP = 8  # formats.fold.FOLD_TOP: a group's largest value folds to 256 or 384
 P_FOLD = 256.0  # 2**formats.fold.P_FOLD_EXP
+FP32_TINY_HOST = 2.0**-126  # fp32's smallest normal: the least score factor (`fp8_operands`)
 NO_ANCHOR = -(2**20)  # the anchor pass's value for a group of zeros: below every real anchor
 FOLD_ROWS = 32  # rows per program of the fold passes
 # P~'s rounding onto E4M3 by the hardware conversion (`targets.hw_e4m3_cast`) is off: on the H200
@@ -99,6 +107,21 @@ def _e4m3_bytes(r, BY_BITS: tl.constexpr):
 
 
 @triton.jit
+def key_slot(n):
+    """Where key n sits in the transposed V^ (int32, within its 32-key block): bits (i1 i0 t1 t0 e)
+    of n % 32 become (i1 t1 t0 i0 e). It is the column order in which Hopper's FP8 wgmma A operand
+    (k_width 4) holds a row of P~ when each thread keeps the values the accumulator of S gave it, so
+    the Gluon kernel hands P~ to the P~ V^ wgmma without moving values between lanes
+    (`attention_fwd_hopper_fp8._key_slots`); the `tl` kernel reads V^ through it."""
+    return (n & -32) | (n & 17) | (((n >> 3) & 1) << 1) | (((n >> 1) & 3) << 2)
+
+
+def key_slots(n: torch.Tensor) -> torch.Tensor:
+    """`key_slot` on the host (int64 tensors): V8t[..., key_slots(k)] is key k's column."""
+    return (n & -32) | (n & 17) | (((n >> 3) & 1) << 1) | (((n >> 1) & 3) << 2)
+
+
+@triton.jit
 def _fold_anchor_kernel(X, A, L, DP: tl.constexpr, BL: tl.constexpr, PER_ROW: tl.constexpr):
     """Anchors of X [BH, L, DP] (bf16, exact MX values): PER_ROW, one per row into A [BH, L]; else
     one per column of this program's BL rows into A [BH, L / BL, DP] (reduced by the host)."""
@@ -117,7 +140,8 @@ def _fold_anchor_kernel(X, A, L, DP: tl.constexpr, BL: tl.constexpr, PER_ROW: tl
 def _fold_kernel(X, F, A, L, DP: tl.constexpr, BL: tl.constexpr, ANCHORS: tl.constexpr, TRANS: tl.constexpr):
     """F = E4M3(X 2**-a) for X [BH, L, DP] (bf16, exact MX values). ANCHORS: 0 one per row, computed
     here and stored into A [BH, L]; 1 one per head, read from A [BH]; 2 one per column, read from
-    A [BH, DP]. TRANS: F is [BH, DP, L] (V^), else [BH, L, DP]. Groups of zeros fold with anchor 0."""
+    A [BH, DP]. TRANS: F is [BH, DP, L] (V^, keys in `key_slot` order), else [BH, L, DP]. Groups of
+    zeros fold with anchor 0."""
     pid = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     rows = pid * BL + tl.arange(0, BL)
@@ -133,8 +157,8 @@ def _fold_kernel(X, F, A, L, DP: tl.constexpr, BL: tl.constexpr, ANCHORS: tl.con
     else:
         a = tl.load(A + bh * DP + cols)[None, :]
     f = _e4m3_bytes(_fold_values(x, a), True)
-    if TRANS:
-        tl.store(F + (bh * DP + cols[None, :]) * L + rows[:, None], f)
+    if TRANS:  # V^: keys in `key_slot` order within each block of 32 (rows: one such block)
+        tl.store(F + (bh * DP + cols[None, :]) * L + key_slot(rows)[:, None], f)
     else:
         tl.store(F + (bh * L + rows[:, None]) * DP + cols[None, :], f)
 
@@ -146,7 +170,8 @@ def _no_anchor_to_zero(a: torch.Tensor) -> torch.Tensor:
 def fold_pass(x: torch.Tensor, anchors: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(F, a) for a bf16 pre-pass output x [B, H, Lp, Dp] (Lp a multiple of 32): `anchors` "row" (Q^:
     F [B, H, Lp, Dp], a int32 [B, H, Lp]), "head" (K^: F likewise, a [B, H]) or "column" (V^:
-    F transposed [B, H, Dp, Lp], a [B, H, Dp]). F is float8_e4m3fn, `formats.fold.fold`'s values."""
+    F transposed [B, H, Dp, Lp] with the keys of each block of 32 in `key_slot` order, a [B, H, Dp]).
+    F is float8_e4m3fn, `formats.fold.fold`'s values."""
     b, h, lp, dp = x.shape
     assert lp % FOLD_ROWS == 0 and x.is_contiguous() and anchors in ("row", "head", "column")
     grid = (lp // FOLD_ROWS, b * h)
@@ -175,6 +200,76 @@ def pow2_f32(e: torch.Tensor, c: float = 1.0) -> torch.Tensor:
     """fp32 c * 2**e for int tensors e (computed in float64, then rounded once: exact wherever the
     result is a normal fp32)."""
     return torch.ldexp(torch.tensor(c, dtype=torch.float64, device=e.device), e.double()).float()
+
+
+@triton.jit
+def fp8_shift(m):
+    """m - 8 (fp32, exact) for |m| < 2**27, else m: the running max as `fp8_p_tile` subtracts it, so
+    that exp2 gives P~ times the fixed factor 2**8 (formats.fold.P_FOLD_EXP) without a multiply.
+    Rows with |m| >= 2**27 (where m - 8 is not a float: from 2**27 to 2**28 it would round to m - 16
+    or m) keep the factor 1: their P~ folds exactly down to block scales 2**-8 instead of 2**-16,
+    and l, O and lse stay consistent (`fp8_finish_lse`)."""
+    return tl.where(tl.abs(m) < 134217728.0, m - 8.0, m)
+
+
+@triton.jit
+def fp8_p_tile(
+    s, m, c, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constexpr, EXP_FLUSH: tl.constexpr
+):
+    """(m_new, alpha, p3 = P~ 2**8, r3 = P^ 2**8) of one key tile's folded scores s [R, BN] (masked
+    keys -inf) and the running max m [R], with the per-row factor c [R] (`online_softmax.p_tile`'s
+    operations, c per row, the max shifted by `fp8_shift`: the factor 2**8 of the fold comes from
+    exp2); p3 and r3 [R, BN / 32, 32] fp32, r3 the E2M1 values times 2**8 (E2M1 values of the
+    scaled block), not yet rounded onto E4M3. Layout-free: the `tl` FP8 kernel and the Gluon one
+    (`attention_fwd_hopper_fp8`) both call it."""
+    R: tl.constexpr = s.shape[0]
+    BN: tl.constexpr = s.shape[1]
+    # As the exact kernel: block maxima from the scores, the two roundings (s * c, then - m), here
+    # minus m - 8 (exact): the row max's element is exp2(8) = 256, the others 2**8 times theirs up to
+    # the rounding of the difference at 8 (an ulp of 2**-21 in the exponent); alpha is unchanged.
+    s3 = tl.reshape(s, [R, BN // 32, 32])
+    s_blk = tl.max(s3, 2)
+    m_new = tl.maximum(m, tl.max(s_blk, 1) * c)
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    m_sh = fp8_shift(m_use)
+    alpha = exp2_ftz(fp8_shift(m) - m_sh, EXP_FLUSH)
+    p3 = exp2_ftz(s3 * c[:, None, None] - m_sh[:, None, None], EXP_FLUSH)
+    p_blk = exp2_ftz(s_blk * c[:, None] - m_sh[:, None], EXP_FLUSH)
+    two_e = block_scale(p_blk, CEIL, Q_EXP, Q_MANT)
+    # P^ (E2M1 values of the scaled block); E4M3's rounding (exact for scales >= 2**-16 of the row
+    # max) is the caller's. A ceil rule with boundary q < 7 never rounds an element above 6 * 2**e
+    # (it is at most q 2**e, and 6 is the nearest ladder value below 7), so `e2m1_round`'s
+    # saturation is the identity there (NaN stays NaN either way): one min per element less (UOS,
+    # q = 6.5).
+    if CEIL and (Q_EXP <= 1 or (Q_EXP == 2 and Q_MANT < 6291456)):
+        r3 = ladder_step_round(p3, two_e[:, :, None])
+    else:
+        r3 = e2m1_round(p3, two_e[:, :, None])
+    return m_new, alpha, p3, r3
+
+
+@triton.jit
+def fp8_finish_lse(l, m):
+    """lse (natural log) of rows with running max m and folded sum l (P~ times 2**(m - fp8_shift(m)),
+    `fp8_p_tile`); -inf for an empty row."""
+    return finish_lse(l, fp8_shift(tl.where(m == float("-inf"), 0.0, m)))
+
+
+@triton.jit
+def fp8_finish_o(o_tilde, l, colscale, OUT_MAX: tl.constexpr):
+    """O = O~ / l * 2**a_v (colscale [DV], per output column) of rows with folded sum l [R] and O~
+    [R, DV]; an empty row (l = 0) gets 0; OUT_MAX > 0: saturated to +-OUT_MAX, NaN kept
+    (`online_softmax.finish_o` with the column anchors)."""
+    empty = l == 0.0
+    out = o_tilde / tl.where(empty, 1.0, l)[:, None] * colscale[None, :]
+    out = tl.where(empty[:, None], 0.0, out)
+    if OUT_MAX > 0:  # saturate, as attention.reference.cast_output
+        out = tl.minimum(
+            tl.maximum(out, -OUT_MAX, propagate_nan=tl.PropagateNan.ALL),
+            OUT_MAX,
+            propagate_nan=tl.PropagateNan.ALL,
+        )
+    return out
 
 
 @triton.jit
@@ -224,17 +319,7 @@ def _fp8_tile(
         c = tl.full([BM], 1.0, tl.float32)
     elif MASKED:
         s = _mask_scores(s, offs_m, offs_n, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, MASK_MODE)
-    # As the exact kernel: block maxima from the scores, the two roundings (s * c, then - m).
-    s3 = tl.reshape(s, [BM, BN // 32, 32])
-    s_blk = tl.max(s3, 2)
-    m_new = tl.maximum(m, tl.max(s_blk, 1) * c)
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = exp2_ftz(m - m_use, EXP_FLUSH)
-    p3 = exp2_ftz(s3 * c[:, None, None] - m_use[:, None, None], EXP_FLUSH)
-    p_blk = exp2_ftz(s_blk * c[:, None] - m_use[:, None], EXP_FLUSH)
-    two_e = block_scale(p_blk, CEIL, Q_EXP, Q_MANT)
-    # P^ (exact E2M1 values), then folded: x 2**8 (exact) rounded onto E4M3 (exact for scales >= 2**-16).
-    r3 = e2m1_round(p3, two_e[:, :, None]) * 256.0
+    m_new, alpha, p3, r3 = fp8_p_tile(s, m, c, CEIL, Q_EXP, Q_MANT, EXP_FLUSH)
     if P_CVT:
         # The hardware's rounding conversion (checked equal to `cast.e4m3_round` on every fp32 in
         # [0, 2**9], targets.HW_E4M3_CAST), one instruction per pair, and back for l: l adds exactly
@@ -248,14 +333,19 @@ def _fp8_tile(
         # (EXP_FLUSH is set on the interpreter, whose float8 conversion of NaN is wrong: bytes by bits there)
         p8 = _e4m3_bytes(f, EXP_FLUSH)
     if DEBUG_P:
-        tl.store(Pdbg + dbg_row + offs_n[None, :], f * 0.00390625, mask=offs_m[:, None] < Lq)
-    v8 = tl.load(V8 + v_rows + offs_n[None, :])  # [DV, BN]: keys contiguous (K-major B operand)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        unfold = tl.where(fp8_shift(m_use) != m_use, 0.00390625, 1.0)  # the factor of `fp8_shift`
+        tl.store(Pdbg + dbg_row + offs_n[None, :], f * unfold[:, None], mask=offs_m[:, None] < Lq)
+    v8 = tl.load(V8 + v_rows + key_slot(offs_n)[None, :])  # [DV, BN]: keys contiguous (K-major B)
     acc = tl.dot(p8, tl.trans(v8), max_num_imprecise_acc=PV_ACC)
     if PNQ:
-        l = alpha * l + tl.sum(tl.sum(f3, 1), 1)
+        # l by the MMA too: P~ times E4M3 ones sums exactly the bytes P~ V^ multiplies, in the same
+        # accumulator arithmetic (16 equal columns; the Gluon kernel's `_l8` takes 8), then one fma.
+        ones = tl.full([BN, 16], 0x38, tl.uint8).to(tl.float8e4nv, bitcast=True)
+        l = tl.fma(l, alpha, tl.max(tl.dot(p8, ones, max_num_imprecise_acc=PV_ACC), 1))
     else:
-        l = alpha * l + tl.sum(tl.reshape(p3, [BM, BN]), 1) * 256.0
-    o_tilde = o_tilde * alpha[:, None] + acc
+        l = alpha * l + tl.sum(tl.reshape(p3, [BM, BN]), 1)
+    o_tilde = tl.fma(o_tilde, alpha[:, None], acc)  # one rounding (the Gluon FP8 kernel's too)
     return m_new, l, o_tilde
 
 
@@ -338,23 +428,12 @@ def _fp8_attention_kernel(
             stride_mn, Pdbg, dbg_row, BN, DQ, True, CAUSAL, MASK_MODE, PNQ, CEIL, Q_EXP, Q_MANT, EXP_FLUSH,
             DEBUG_P, QK_ACC, PV_ACC, P_CVT,
         )  # fmt: skip
-    empty = l == 0.0
     colscale = tl.load(ColScale + bhk.to(tl.int64) * DV + offs_dv)  # 2**a_v per output column
-    out = o_tilde / tl.where(empty, 1.0, l)[:, None] * colscale[None, :]
-    out = tl.where(empty[:, None], 0.0, out)
+    out = fp8_finish_o(o_tilde, l, colscale, OUT_MAX)
     optr = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     optr = optr + offs_m[:, None].to(tl.int64) * stride_om + offs_dv[None, :] * stride_od
-    if OUT_MAX > 0:  # saturate, as attention.reference.cast_output
-        out = tl.minimum(
-            tl.maximum(out, -OUT_MAX, propagate_nan=tl.PropagateNan.ALL),
-            OUT_MAX,
-            propagate_nan=tl.PropagateNan.ALL,
-        )
     tl.store(optr, out.to(Out.dtype.element_ty), mask=(offs_m[:, None] < Lq) & (offs_dv[None, :] < Dv))
-    l_true = l * 0.00390625  # l in P~'s units (exact)
-    lse = tl.where(
-        empty, float("-inf"), (m + tl.math.log2(tl.where(empty, 1.0, l_true))) * 0.6931471805599453
-    )
+    lse = fp8_finish_lse(l, m)
     tl.store(Lse + bh.to(tl.int64) * Lq + offs_m, lse, mask=offs_m < Lq)
 
 
@@ -367,6 +446,9 @@ def fp8_operands(q_bf16: torch.Tensor, k_bf16: torch.Tensor, v_bf16: torch.Tenso
     v8t, av = fold_pass(v_bf16, "column")
     c = float(torch.tensor(scale * LOG2E, dtype=torch.float32))
     rowscale = pow2_f32(aq + ak.repeat_interleave(group, dim=1)[..., None], c)
+    # A factor below fp32's normal range (Q and K rows of magnitude ~1e-25 and less: their scores are
+    # 0 in fp32) is 2**-126: scores s c then stay (near) 0, and masked keys -inf (-inf x 0 is NaN).
+    rowscale.clamp_(min=FP32_TINY_HOST)
     return q8, rowscale, k8, v8t, pow2_f32(av)
 
 
@@ -469,7 +551,7 @@ def build_fp8(target, d: int = 128, n: int = 16384, heads: int = 40, causal: boo
 
 def run_chunk_fp8(plan, chunk, query, key, value, out, lse, dbg, mask, is_causal) -> tuple:
     """`fused._run_chunk` for a plan whose `mma` is "fp8": the exact pre-pass (bf16 Q^, K^, V^), the
-    fold passes, the FP8 kernel; writes this chunk's slices of out, lse (and dbg); returns the
+    fold passes, the FP8 kernel (the plan's: this `tl` one, or the Gluon one on sm_90); writes this chunk's slices of out, lse (and dbg); returns the
     operands, which the caller keeps referenced while the kernel may read them."""
     from mxattention.kernels.prepass import prepass_qk, prepass_v
 
@@ -484,6 +566,13 @@ def run_chunk_fp8(plan, chunk, query, key, value, out, lse, dbg, mask, is_causal
     vb = prepass_v(value[bs, kv], v_rule, len_multiple=ln, out_bf16=True)
     ops = fp8_operands(qb, kb, vb, plan.scale, group)
     del qb, kb, vb
+    if plan.fwd_kernel == "gluon":  # the warp-specialized sm_90 kernel (`attention_fwd_hopper_fp8`)
+        from mxattention.kernels.attention_fwd_hopper_fp8 import mx_attention_fwd_hopper_fp8
+
+        lse[bs, qh] = mx_attention_fwd_hopper_fp8(
+            *ops, spec=plan.fwd, lq=lq, lk=lk, group=group, out=out[bs, qh]
+        )
+        return ops
     dbg_chunk = None if dbg is None else torch.zeros_like(dbg[bs, qh])
     lse[bs, qh] = mx_attention_fwd_fp8(
         *ops, lq=lq, lk=lk, dv=dv, group=group, out=out[bs, qh], p_rule=plan.p_rule, pnq=plan.pnq,

@@ -454,6 +454,30 @@ def gluon_fwd_spec(
     return FwdSpec(FwdKernel.GLUON, tuple(constexprs.items()), hopper.NUM_WARPS)
 
 
+def gluon_fp8_fwd_spec(
+    *, p_rule: tuple[bool, int, int], pnq: bool, out_dtype: torch.dtype, p_cvt: bool = False
+) -> FwdSpec:
+    """The `attention_fwd_hopper_fp8` launch of a fast-mode call (P~'s hardware E4M3 rounding
+    `p_cvt`); the ring's STAGES, the partitions' registers and the schedule are the module's."""
+    from mxattention.kernels import attention_fwd_hopper_fp8 as fast
+
+    ceil, q_exp, q_mant = p_rule
+    constexprs = dict(
+        DQ=fast.HEAD_DIM,
+        PNQ=pnq,
+        CEIL=ceil,
+        Q_EXP=q_exp,
+        Q_MANT=q_mant,
+        P_CVT=bool(p_cvt),
+        OUT_MAX=torch.finfo(out_dtype).max if out_dtype in (torch.float16, torch.bfloat16) else 0.0,
+        STAGES=fast.STAGES,
+        CONSUMER_REGS=fast.CONSUMER_REGS,
+        PRODUCER_REGS=fast.PRODUCER_REGS,
+        OVERLAP=fast.OVERLAP,
+    )
+    return FwdSpec(FwdKernel.GLUON, tuple(constexprs.items()), fast.NUM_WARPS)
+
+
 # Q smoothing's Q^ pass is the Gluon one (`prepass_hopper`: each tile subtracts its block's mean row)
 # only for calls of at most this many head / batch chunks, as measured on the H200 (benchmarks/NOTES.md,
 # v14-smooth, two alternating rounds): one chunk (40 heads x 75600 queries, 512 keys) -2.4 % per call
@@ -577,11 +601,12 @@ class KernelPlan:
                 f"BM {hopper.BLOCK_M} x BN {hopper.BLOCK_N}, 2 consumer warpgroups + 1 producer warp, "
                 f"{self.fwd['STAGES']} K^/V^ stages"
             )
+        fp8_module = "attention_fwd_hopper_fp8, Gluon" if self.fwd_kernel == "gluon" else "attention_fwd_fp8"
         lines = [
             head,
             f"  forward: {self.fwd_kernel} kernel, matrix path {self.matrix_path}, K^/V^ {self.kv_layout}"
             if self.mma == "exact"
-            else "  forward: fp8 kernel (attention_fwd_fp8): Q^ (as bf16), K^, V^, P~ folded into E4M3, FP8 MMAs",
+            else f"  forward: fp8 kernel ({fp8_module}): Q^, K^, V^, P~ folded into E4M3, FP8 MMAs",
             f"  tiles: {tiles}",
             f"  elements: Q^/K^ {self.qk_elem}, V^ {self.v_elem}, P~ {self.p_elem}"
             f"{' (hardware cast)' if self.p_cvt else ''}, PNQ {self.pnq}, rotation {self.hadamard}, "
@@ -661,7 +686,7 @@ def plan_call(
     refusal = _config_reason(cfg, d, dv) or scale_reason(scale)
     if cfg.mma == "fp8":  # the fast mode: its own kernel, after the bf16 path's pre-pass
         refusal = refusal or fp8_reason(varlen is not None, cfg.smooth_q)
-        matrix_path, fwd_kernel = "bf16", "tl"
+        matrix_path = "bf16"
     if varlen is not None and varlen_reason(cfg) is not None:
         # Not the reference: its fp32 correction dot is not the kernels' (`kernels.smoothing`), and
         # a varlen call must equal the dense calls of its sequences wherever they run.
@@ -697,6 +722,13 @@ def plan_call(
         varlen=varlen is not None, debug_p=debug_p, smooth_q_block=blk, p_elem=cfg.p.elem,
         qk_elem=qe, scale=kscale,
     )  # fmt: skip
+    if cfg.mma == "fp8":  # its own Gluon kernel (attention_fwd_hopper_fp8) for the calls it serves
+        from mxattention.kernels.attention_fwd_hopper_fp8 import fast_gluon_reason
+
+        gluon_reason = fast_gluon_reason(
+            dq=d, dv=dv, block_n=bn, is_causal=is_causal, masked=mask is not None, debug_p=debug_p,
+            scale=kscale, pnq=cfg.pnq,
+        )  # fmt: skip
     fwd = FwdKernel(fwd_hopper.fwd_kernel_for(target, gluon_reason, fwd_kernel))
     dp, dvp = padded_dim(d), padded_dim(dv)
     if varlen is None:
@@ -763,11 +795,17 @@ def plan_call(
     # E4M3 P~ by the hardware cast only where it was checked equal (targets.HW_E4M3_CAST); the fast
     # mode's folded P~ (also E4M3) only while `attention_fwd_fp8.HW_P_CAST` allows it.
     wants_cvt = HW_P_CAST if cfg.mma == "fp8" else cfg.p.elem == "e4m3"
+    if cfg.mma == "fp8" and fwd == "gluon":  # the Gluon FP8 kernel's own switch
+        from mxattention.kernels import attention_fwd_hopper_fp8
+
+        wants_cvt = attention_fwd_hopper_fp8.HW_P_CAST
     p_cvt = wants_cvt and hw_e4m3_cast(target)
     interpreted = kernels_interpreted()
     # The interpreter writes an fp32 O (its fp32 -> bf16 cast truncates); torch casts it after.
     out_dtype = torch.float32 if interpreted else query.dtype
-    if fwd == "gluon":
+    if fwd == "gluon" and cfg.mma == "fp8":
+        fwd_spec = gluon_fp8_fwd_spec(p_rule=p_rule, pnq=cfg.pnq, out_dtype=out_dtype, p_cvt=p_cvt)
+    elif fwd == "gluon":
         # run_plan's out is contiguous and whole-head slices keep 16-byte alignment: TMA takes it.
         o_tma = fwd_hopper.OUT_TMA and out_dtype in (torch.bfloat16, torch.float16)
         fwd_spec = gluon_fwd_spec(

@@ -1,0 +1,166 @@
+"""The fast mode's Gluon forward on sm_90 (`kernels.attention_fwd_hopper_fp8`), docs/fast_mode.md.
+
+On the CPU: which calls the planner gives it (the Gluon FP8 kernel cannot run on Triton's
+interpreter). On an sm_90 GPU: the kernel against the `tl` FP8 kernel (the same scores, P~ bytes and
+FP8 k-steps), against its emulation within the fast mode's bound, P~'s hardware E4M3 rounding against
+the software one (the same bits), and the induced weights' row sums (V = identity). Its build (wgmma kinds, spills, registers) is read offline by
+`benchmarks/fp8_gluon_build.py` (a build costs ~6 s of CPU, over this suite's budget).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from mxattention.attention.config import get_method
+from mxattention.attention.reference import cast_output, reference_attention
+from mxattention.kernels import attention_fwd_hopper_fp8 as fast_hopper
+from mxattention.kernels import plan, targets
+from mxattention.kernels.fused import fused_attention
+from mxattention.kernels.specs import FwdKernel
+
+from .helpers import qkv
+
+FAST = get_method("mxattention-fast")
+pytestmark = pytest.mark.skipif(not fast_hopper.HAS_GLUON, reason="this Triton has no Gluon Hopper layer")
+
+
+def _on(monkeypatch, target):
+    monkeypatch.setattr(plan, "current_target", lambda device: target)
+
+
+def test_planner_gives_the_gluon_fp8_kernel_the_dense_head_dim_128_calls_on_sm_90(monkeypatch):
+    q, k, v = qkv(1, 4, 2, 130, 200, 128)  # GQA, lengths not tile multiples
+    _on(monkeypatch, targets.SM_90A)
+    p = plan.plan_call(FAST, q, k, v, scale=0.1)
+    assert p.fwd_kernel == "gluon" and p.mma == "fp8" and p.fwd.kernel is FwdKernel.GLUON
+    assert p.fwd.constants["P_CVT"] is True and p.fwd.constants["OVERLAP"] is fast_hopper.OVERLAP
+    assert "attention_fwd_hopper_fp8" in p.describe()
+    # The exact method at the same call keeps its own Gluon forward.
+    exact = plan.plan_call(get_method("mxattention"), q, k, v, scale=0.1)
+    assert exact.fwd_kernel == "gluon" and "OVERLAP" not in exact.fwd.constants
+    # What the Gluon FP8 kernel does not serve keeps the `tl` FP8 kernel.
+    mask = torch.ones(1, 4, 130, 200, dtype=torch.bool)
+    for kw in (dict(is_causal=True), dict(mask=mask), dict(debug_p=True)):
+        other = plan.plan_call(FAST, q, k, v, scale=0.1, **kw)
+        assert other.fwd_kernel == "tl" and other.mma == "fp8" and other.fwd.kernel is FwdKernel.TL, kw
+    q64, k64, v64 = qkv(1, 2, 2, 130, 200, 64)
+    assert plan.plan_call(FAST, q64, k64, v64, scale=0.1).fwd_kernel == "tl"
+    no_pnq = dataclasses.replace(FAST, pnq=False, name="fast-no-pnq")  # its l is PNQ's (the MMA's)
+    assert plan.plan_call(no_pnq, q, k, v, scale=0.1).fwd_kernel == "tl"
+    # The override times both; an explicit "gluon" it cannot serve raises, naming why.
+    assert plan.plan_call(FAST, q, k, v, scale=0.1, fwd_kernel="tl").fwd_kernel == "tl"
+    with pytest.raises(ValueError, match="is_causal"):
+        plan.plan_call(FAST, q, k, v, scale=0.1, is_causal=True, fwd_kernel="gluon")
+    # Its P~ cast is its own switch (the `tl` kernel's stays off), and only where the target has it.
+    monkeypatch.setattr(fast_hopper, "HW_P_CAST", False)
+    assert plan.plan_call(FAST, q, k, v, scale=0.1).fwd.constants["P_CVT"] is False
+    monkeypatch.setattr(fast_hopper, "HW_P_CAST", True)
+    monkeypatch.setattr(targets, "HW_E4M3_CAST", frozenset())
+    assert plan.plan_call(FAST, q, k, v, scale=0.1).fwd.constants["P_CVT"] is False
+
+
+def test_planner_keeps_the_tl_fp8_kernel_off_sm_90(monkeypatch):
+    q, k, v = qkv(1, 2, 2, 130, 200, 128)
+    assert plan.plan_call(FAST, q, k, v, scale=0.1, target=None).fwd_kernel == "tl"  # the interpreter
+    _on(monkeypatch, targets.SM_100A)
+    assert plan.plan_call(FAST, q, k, v, scale=0.1).fwd_kernel == "tl"
+
+
+# ---- On an sm_90 GPU ----------------------------------------------------------------------------------
+
+
+def _sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+gpu = pytest.mark.skipif(not _sm90(), reason="the Gluon FP8 forward runs on sm_90 GPUs")
+
+
+def _inputs(kind: str, shape, seed: int, dtype=torch.bfloat16):
+    b, hq, hk, lq, lk = shape
+    q, k, v = qkv(b, hq, hk, lq, lk, 128, seed=seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    if kind == "spread":  # per-token magnitudes over 2**[-10, 10]: blocks outside the exact fold
+        for x in (q, k, v):
+            x.mul_(torch.exp2(20 * torch.rand(*x.shape[:-1], 1, generator=g) - 10))
+    elif kind == "zeros":  # a zero K head and zero Q rows (anchors of all-zero groups)
+        k[:, 0] = 0.0
+        q[:, :, ::7] = 0.0
+    return q.to(dtype).cuda(), k.to(dtype).cuda(), v.to(dtype).cuda()
+
+
+CASES = [
+    ("outliers", (1, 4, 4, 1000, 1333)),
+    ("gqa", (2, 8, 2, 700, 900)),
+    ("spread", (1, 4, 4, 513, 777)),
+    ("zeros", (1, 2, 2, 300, 257)),
+    ("one-tile", (1, 2, 2, 64, 100)),
+]
+
+
+@gpu
+@pytest.mark.parametrize("kind,shape", CASES, ids=[c[0] for c in CASES])
+def test_gluon_fp8_kernel_matches_the_tl_fp8_kernel(kind, shape):
+    """The same scores, P~ bytes and FP8 instruction groups (32 keys per k-step) as the `tl` kernel;
+    within a k-step the P~ V^ products and row sums come in `key_slot` order, not in key order, so
+    only the FP8 accumulator's treatment of that order may differ (check_fp8_gpu.py reports whether
+    the bits are equal)."""
+    q, k, v = _inputs(kind, shape, seed=len(kind))
+    scale = 128**-0.5
+    got = fused_attention(q, k, v, FAST, scale=scale, fwd_kernel="gluon")
+    want = fused_attention(q, k, v, FAST, scale=scale, fwd_kernel="tl")
+    assert torch.equal(torch.isfinite(got.out), torch.isfinite(want.out))
+    fin = torch.isfinite(want.out)
+    a, b = got.out.float()[fin].double(), want.out.float()[fin].double()
+    # (Hopper's FP8 accumulator keeps ~14 bits per k-step: a permuted order there moves O by far less
+    # than 1e-3; a wrong key order or layout moves it by O(1).)
+    assert ((a - b).norm() / b.norm()).item() <= 1e-3
+    assert torch.allclose(got.lse, want.lse, rtol=0, atol=1e-3, equal_nan=True)
+
+
+@gpu
+@pytest.mark.parametrize("kind,shape", CASES, ids=[c[0] for c in CASES])
+def test_gluon_fp8_kernel_within_the_fast_modes_bound_of_its_emulation(kind, shape):
+    """rel-L2 to the emulation at most 2 % of the method's own error against fp32 attention (issue
+    29's bound for the fast mode's deviation, docs/fast_mode.md), finite where the emulation is."""
+    q, k, v = _inputs(kind, shape, seed=len(kind))
+    scale = 128**-0.5
+    out = fused_attention(q, k, v, FAST, scale=scale, fwd_kernel="gluon").out.float()
+    group = q.shape[1] // k.shape[1]
+    qf, kr, vr = q.float(), k.float().repeat_interleave(group, 1), v.float().repeat_interleave(group, 1)
+    emu, _ = reference_attention(qf, kr, vr, FAST, scale=scale)
+    emu = cast_output(emu, q.dtype).float()
+    fp, _ = reference_attention(qf, kr, vr, get_method("fp"), scale=scale)
+    assert torch.equal(torch.isfinite(out), torch.isfinite(emu))
+    dev = ((out - emu).double().norm() / emu.double().norm()).item()
+    own = ((emu - fp).double().norm() / fp.double().norm()).item()
+    assert dev <= 0.02 * own, (dev, own)
+
+
+@gpu
+def test_gluon_fp8_hardware_p_cast_gives_the_software_roundings_bits(monkeypatch):
+    q, k, v = _inputs("spread", (1, 4, 2, 600, 1000), seed=5)
+    outs = []
+    for hw in (True, False):
+        monkeypatch.setattr(fast_hopper, "HW_P_CAST", hw)
+        p = plan.plan_call(FAST, q, k, v, scale=0.1)
+        assert p.fwd_kernel == "gluon" and p.fwd.constants["P_CVT"] is hw
+        outs.append(fused_attention(q, k, v, FAST, scale=0.1, plan=p))
+    assert torch.equal(outs[0].out.view(torch.int16), outs[1].out.view(torch.int16))
+    assert torch.equal(outs[0].lse.view(torch.int32), outs[1].lse.view(torch.int32))
+
+
+@gpu
+def test_gluon_fp8_induced_weights_sum_to_one():
+    """V = identity (128 keys, one tile): O's rows are the weights applied to V; outlier-heavy fp32
+    Q, K with zero rows (the case that gave NaN rows to the `tl` kernel's hardware cast)."""
+    q, k, _ = _inputs("spread", (1, 4, 4, 1000, 128), seed=3)
+    q, k = q.float() * 3, k.float() * 3
+    q[:, :, 5] = 0.0
+    v = torch.eye(128, device="cuda").expand(1, 4, 128, 128).contiguous()
+    w = fused_attention(q, k, v, FAST, scale=128**-0.5, fwd_kernel="gluon").out
+    assert torch.isfinite(w).all()
+    assert (w.sum(-1) - 1).abs().max().item() <= 1e-3

@@ -910,10 +910,15 @@ def plan_key(
     specializes on it, so a cached plan's compiled kernels fit every call of its key), the mask's
     layout and alignment, causality, the scale, the interpreter switch and the builds that failed in this
     process (`record_build_failure`)."""
-    operands = tuple((t.dtype, t.shape, t.stride(), t.data_ptr() % 16) for t in (query, key, value))
-    masked = None if mask is None else (mask.dtype, mask.shape, mask.stride(), mask.data_ptr() % 16)
-    env = (cpu_kernels_requested(), len(_BUILD_FAILURES))
-    return (cfg_key, query.device, operands, masked, is_causal, scale, env)
+    # One flat tuple (hashed per call: host time), the CPU-kernels switch only where it decides.
+    device = query.device
+    env = (cpu_kernels_requested() if device.type != "cuda" else None, len(_BUILD_FAILURES))
+    masked = None if mask is None else (mask.dtype, mask.shape, mask.stride(), mask.data_ptr() & 15)
+    q, k, v = query, key, value
+    return (
+        cfg_key, device, q.dtype, q.shape, q.stride(), q.data_ptr() & 15, k.dtype, k.shape, k.stride(),
+        k.data_ptr() & 15, v.dtype, v.shape, v.stride(), v.data_ptr() & 15, masked, is_causal, scale, env,
+    )  # fmt: skip
 
 
 def cached_plan(

@@ -98,6 +98,8 @@ def test_gluon_k_pass_equals_tl_kernel(case, rule, monkeypatch):
         x = x.transpose(1, 2).contiguous().transpose(1, 2)
     x = x.clamp(-6e4, 6e4).half() if case == "fp16" else x.bfloat16()
     assert prepass_hopper.usable(x, 1024 if n == 1000 else n, hadamard=True)
+    # This test's builds only (another test's recorded tl forward fallback is not a Gluon pass's).
+    monkeypatch.setattr(kplan, "_BUILD_FAILURES", {})
     fast = prepass_qk(x, rule, hadamard=True, out_bf16=True)
     assert not kplan._BUILD_FAILURES  # the Gluon pass built (else the planner fell back to tl)
     monkeypatch.setattr(prepass_hopper, "usable", lambda *a, **k: False)

@@ -11,16 +11,15 @@ emulation, which the tests compare this kernel with.
   becomes f = E4M3(x 2**-a), a = floor(log2 max|x| of its group) - 8, computed from the exact bf16
   values of the pre-pass with the float adder's rounding (`cast.e4m3_round`, so the bytes do not
   depend on a conversion's rounding mode: the conversion sees E4M3 values only). V^ is written
-  transposed [Dv, Lk] (Hopper's FP8 wgmma reads its B operand K-major from shared memory), the keys
-  of each block of 32 permuted (`key_slot`: the order in which the Gluon kernel's P~ leaves the
-  accumulator of S).
+  transposed [Dv, Lk] (Hopper's FP8 wgmma reads its B operand K-major from shared memory); for the
+  Gluon kernel the keys of each block of 32 permuted (`key_slot`: the order in which its P~ leaves
+  the accumulator of S).
 - Scores: S = (F_q F_k^T) * rowscale, rowscale = scale log2(e) 2**(a_q + a_k) per query row (fp32,
   exact: a power of two times the exact path's constant), so the scores are the exact path's
   wherever the dot sums are; then the exact path's softmax and P~ cast, line for line
   (`attention_fwd._attend_tile`'s order and roundings).
 - P~: the E2M1 values P^ times 2**8 rounded onto E4M3 (exact for blocks scaled >= 2**-16), one
-  byte each; PNQ's l adds exactly those values, by the tensor cores (P~ times a column of ones, in
-  the accumulator arithmetic of P~ V^, then `l = l alpha + tile` by one fma). Each key tile's P^ V^ goes to a fresh fp32
+  byte each; PNQ's l adds exactly those values in fp32 (`l = l alpha + tile` by one fma). Each key tile's P^ V^ goes to a fresh fp32
   accumulator and is added to O~ by one fma: `O~ = O~ alpha + acc` (Hopper's FP8 wgmma accumulates
   with fewer bits than fp32, so a tile's 4 k-steps are all that share it).
 - The factor 2**8 comes from exp2: the kernels subtract m - 8 instead of the running max m
@@ -112,7 +111,8 @@ def key_slot(n):
     of n % 32 become (i1 t1 t0 i0 e). It is the column order in which Hopper's FP8 wgmma A operand
     (k_width 4) holds a row of P~ when each thread keeps the values the accumulator of S gave it, so
     the Gluon kernel hands P~ to the P~ V^ wgmma without moving values between lanes
-    (`attention_fwd_hopper_fp8._key_slots`); the `tl` kernel reads V^ through it."""
+    (`attention_fwd_hopper_fp8._key_slots`); the `tl` kernel's V^ keeps the keys' order (a gather
+    through key_slot made its loads 8x slower on the H200)."""
     return (n & -32) | (n & 17) | (((n >> 3) & 1) << 1) | (((n >> 1) & 3) << 2)
 
 
@@ -137,11 +137,21 @@ def _fold_anchor_kernel(X, A, L, DP: tl.constexpr, BL: tl.constexpr, PER_ROW: tl
 
 
 @triton.jit
-def _fold_kernel(X, F, A, L, DP: tl.constexpr, BL: tl.constexpr, ANCHORS: tl.constexpr, TRANS: tl.constexpr):
+def _fold_kernel(
+    X,
+    F,
+    A,
+    L,
+    DP: tl.constexpr,
+    BL: tl.constexpr,
+    ANCHORS: tl.constexpr,
+    TRANS: tl.constexpr,
+    SLOTS: tl.constexpr,
+):
     """F = E4M3(X 2**-a) for X [BH, L, DP] (bf16, exact MX values). ANCHORS: 0 one per row, computed
     here and stored into A [BH, L]; 1 one per head, read from A [BH]; 2 one per column, read from
-    A [BH, DP]. TRANS: F is [BH, DP, L] (V^, keys in `key_slot` order), else [BH, L, DP]. Groups of
-    zeros fold with anchor 0."""
+    A [BH, DP]. TRANS: F is [BH, DP, L] (V^; SLOTS: the keys of each block of 32 in `key_slot`
+    order, for the Gluon kernel), else [BH, L, DP]. Groups of zeros fold with anchor 0."""
     pid = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     rows = pid * BL + tl.arange(0, BL)
@@ -157,8 +167,10 @@ def _fold_kernel(X, F, A, L, DP: tl.constexpr, BL: tl.constexpr, ANCHORS: tl.con
     else:
         a = tl.load(A + bh * DP + cols)[None, :]
     f = _e4m3_bytes(_fold_values(x, a), True)
-    if TRANS:  # V^: keys in `key_slot` order within each block of 32 (rows: one such block)
+    if TRANS and SLOTS:  # V^: keys in `key_slot` order within each block of 32 (rows: one such block)
         tl.store(F + (bh * DP + cols[None, :]) * L + key_slot(rows)[:, None], f)
+    elif TRANS:
+        tl.store(F + (bh * DP + cols[None, :]) * L + rows[:, None], f)
     else:
         tl.store(F + (bh * L + rows[:, None]) * DP + cols[None, :], f)
 
@@ -167,11 +179,12 @@ def _no_anchor_to_zero(a: torch.Tensor) -> torch.Tensor:
     return torch.where(a == NO_ANCHOR, 0, a)
 
 
-def fold_pass(x: torch.Tensor, anchors: str) -> tuple[torch.Tensor, torch.Tensor]:
+def fold_pass(x: torch.Tensor, anchors: str, slots: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(F, a) for a bf16 pre-pass output x [B, H, Lp, Dp] (Lp a multiple of 32): `anchors` "row" (Q^:
     F [B, H, Lp, Dp], a int32 [B, H, Lp]), "head" (K^: F likewise, a [B, H]) or "column" (V^:
-    F transposed [B, H, Dp, Lp] with the keys of each block of 32 in `key_slot` order, a [B, H, Dp]).
-    F is float8_e4m3fn, `formats.fold.fold`'s values."""
+    F transposed [B, H, Dp, Lp], with `slots` the keys of each block of 32 in `key_slot` order (the
+    Gluon kernel's), else in key order (the `tl` kernel's: it loads V^ tiles contiguously), a
+    [B, H, Dp]). F is float8_e4m3fn, `formats.fold.fold`'s values."""
     b, h, lp, dp = x.shape
     assert lp % FOLD_ROWS == 0 and x.is_contiguous() and anchors in ("row", "head", "column")
     grid = (lp // FOLD_ROWS, b * h)
@@ -179,20 +192,20 @@ def fold_pass(x: torch.Tensor, anchors: str) -> tuple[torch.Tensor, torch.Tensor
     if anchors == "row":
         f = torch.empty((b, h, lp, dp), dtype=torch.float8_e4m3fn, device=dev)
         a = torch.empty((b, h, lp), dtype=torch.int32, device=dev)
-        _fold_kernel[grid](x, f, a, lp, DP=dp, BL=FOLD_ROWS, ANCHORS=0, TRANS=False)
+        _fold_kernel[grid](x, f, a, lp, DP=dp, BL=FOLD_ROWS, ANCHORS=0, TRANS=False, SLOTS=False)
         return f, a
     if anchors == "head":
         rows = torch.empty((b, h, lp), dtype=torch.int32, device=dev)
         _fold_anchor_kernel[grid](x, rows, lp, DP=dp, BL=FOLD_ROWS, PER_ROW=True)
         a = _no_anchor_to_zero(rows.amax(dim=-1)).contiguous()
         f = torch.empty((b, h, lp, dp), dtype=torch.float8_e4m3fn, device=dev)
-        _fold_kernel[grid](x, f, a, lp, DP=dp, BL=FOLD_ROWS, ANCHORS=1, TRANS=False)
+        _fold_kernel[grid](x, f, a, lp, DP=dp, BL=FOLD_ROWS, ANCHORS=1, TRANS=False, SLOTS=False)
         return f, a
     part = torch.empty((b, h, lp // FOLD_ROWS, dp), dtype=torch.int32, device=dev)
     _fold_anchor_kernel[grid](x, part, lp, DP=dp, BL=FOLD_ROWS, PER_ROW=False)
     a = _no_anchor_to_zero(part.amax(dim=-2)).contiguous()
     f = torch.empty((b, h, dp, lp), dtype=torch.float8_e4m3fn, device=dev)
-    _fold_kernel[grid](x, f, a, lp, DP=dp, BL=FOLD_ROWS, ANCHORS=2, TRANS=True)
+    _fold_kernel[grid](x, f, a, lp, DP=dp, BL=FOLD_ROWS, ANCHORS=2, TRANS=True, SLOTS=slots)
     return f, a
 
 
@@ -336,13 +349,12 @@ def _fp8_tile(
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         unfold = tl.where(fp8_shift(m_use) != m_use, 0.00390625, 1.0)  # the factor of `fp8_shift`
         tl.store(Pdbg + dbg_row + offs_n[None, :], f * unfold[:, None], mask=offs_m[:, None] < Lq)
-    v8 = tl.load(V8 + v_rows + key_slot(offs_n)[None, :])  # [DV, BN]: keys contiguous (K-major B)
+    v8 = tl.load(V8 + v_rows + offs_n[None, :])  # [DV, BN]: keys contiguous (K-major B operand)
     acc = tl.dot(p8, tl.trans(v8), max_num_imprecise_acc=PV_ACC)
     if PNQ:
-        # l by the MMA too: P~ times E4M3 ones sums exactly the bytes P~ V^ multiplies, in the same
-        # accumulator arithmetic (16 equal columns; the Gluon kernel's `_l8` takes 8), then one fma.
-        ones = tl.full([BN, 16], 0x38, tl.uint8).to(tl.float8e4nv, bitcast=True)
-        l = tl.fma(l, alpha, tl.max(tl.dot(p8, ones, max_num_imprecise_acc=PV_ACC), 1))
+        # l adds exactly the values P~ V^ multiplies, in fp32: the FP8 accumulator's sums would move
+        # the induced weights' row sums off 1 by up to 3.6e-3 (H200, benchmarks/check_fp8_gpu.py).
+        l = tl.fma(l, alpha, tl.sum(tl.sum(f3, 2), 1))  # the Gluon kernel's order
     else:
         l = alpha * l + tl.sum(tl.reshape(p3, [BM, BN]), 1)
     o_tilde = tl.fma(o_tilde, alpha[:, None], acc)  # one rounding (the Gluon FP8 kernel's too)
@@ -437,13 +449,21 @@ def _fp8_attention_kernel(
     tl.store(Lse + bh.to(tl.int64) * Lq + offs_m, lse, mask=offs_m < Lq)
 
 
-def fp8_operands(q_bf16: torch.Tensor, k_bf16: torch.Tensor, v_bf16: torch.Tensor, scale: float, group: int):
+def fp8_operands(
+    q_bf16: torch.Tensor,
+    k_bf16: torch.Tensor,
+    v_bf16: torch.Tensor,
+    scale: float,
+    group: int,
+    slots: bool = True,
+):
     """(q8, rowscale, k8, v8t, colscale) from the exact pre-pass's bf16 Q^ [B, Hq, LQP, DQ], K^
     [B, Hkv, LKP, DQ], V^ [B, Hkv, LKP, DVP]: the folded bytes, rowscale fp32 [B, Hq, LQP] =
-    scale log2(e) 2**(a_q + a_k), colscale fp32 [B, Hkv, DVP] = 2**a_v."""
+    scale log2(e) 2**(a_q + a_k), colscale fp32 [B, Hkv, DVP] = 2**a_v. `slots`: V^'s keys in the
+    Gluon kernel's order (`fold_pass`), else in key order (the `tl` kernel's)."""
     q8, aq = fold_pass(q_bf16, "row")
     k8, ak = fold_pass(k_bf16, "head")
-    v8t, av = fold_pass(v_bf16, "column")
+    v8t, av = fold_pass(v_bf16, "column", slots)
     c = float(torch.tensor(scale * LOG2E, dtype=torch.float32))
     rowscale = pow2_f32(aq + ak.repeat_interleave(group, dim=1)[..., None], c)
     # A factor below fp32's normal range (Q and K rows of magnitude ~1e-25 and less: their scores are
@@ -564,7 +584,7 @@ def run_chunk_fp8(plan, chunk, query, key, value, out, lse, dbg, mask, is_causal
     qb = prepass_qk(query[bs, qh], q_rule, hadamard=plan.hadamard, len_multiple=lm, out_bf16=True)
     kb = prepass_qk(key[bs, kv], k_rule, hadamard=plan.hadamard, len_multiple=ln, out_bf16=True)
     vb = prepass_v(value[bs, kv], v_rule, len_multiple=ln, out_bf16=True)
-    ops = fp8_operands(qb, kb, vb, plan.scale, group)
+    ops = fp8_operands(qb, kb, vb, plan.scale, group, slots=plan.fwd_kernel == "gluon")
     del qb, kb, vb
     if plan.fwd_kernel == "gluon":  # the warp-specialized sm_90 kernel (`attention_fwd_hopper_fp8`)
         from mxattention.kernels.attention_fwd_hopper_fp8 import mx_attention_fwd_hopper_fp8

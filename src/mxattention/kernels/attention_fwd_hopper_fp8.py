@@ -10,8 +10,9 @@ DQ = DV = 128, BN = 128 keys per tile, no causal mask, no user mask, no debug_p 
 no varlen kernel and no Q smoothing), PNQ on; any lengths, GQA. The same operations: S = F_q F_k^T
 by FP8 (e4m3) wgmma m64n128k32 from a fresh accumulator, the softmax step and P~'s E2M1 rounding
 times 2**8 (`attention_fwd_fp8.fp8_p_tile`, the `tl` kernel's own function), P~'s E4M3 rounding
-(software, or the hardware conversion where the plan says `P_CVT`), l from exactly the bytes the
-MMA reads (PNQ: P~ times E4M3 ones by a wgmma m64n8k32, as the `tl` kernel sums them), each tile's
+(software, or the hardware conversion where the plan says `P_CVT`), l the fp32 sum of the values
+the MMA reads (PNQ, as the `tl` kernel sums them: the FP8 accumulator's sums moved the weights' row
+sums off 1 by up to 3.6e-3, against issue 29's bound of 1e-3), each tile's
 P~ V^ in a fresh fp32 accumulator added by one fma `O~ = O~ alpha + acc`, then O = O~ / l per
 column times 2**a_v (`attention_fwd_fp8.fp8_finish_o`). The P~ V^ products of a k-step (32 keys)
 come in `key_slot` order, so they equal the `tl` kernel's up to how the FP8 accumulator treats
@@ -32,8 +33,8 @@ Structure (one CTA per 128 query rows of one (batch, head)), as `attention_fwd_h
   stores V^'s keys in the order a thread holds them (`attention_fwd_fp8.key_slot`), `_key_slots`
   permutes P~'s columns likewise, and the conversion to the A operand is a byte permutation
   within each thread.
-- per key tile j (`_tile8`): S_j, its softmax, then P~_j V^_j and P~_j's row sums (PNQ's l by an
-  FP8 wgmma m64n8k32 against E4M3 ones), O~ = fma(O~, alpha_j, P~_j V^_j); the other consumer's
+- per key tile j (`_tile8`): S_j, its softmax and P~_j's row sums, then P~_j V^_j,
+  O~ = fma(O~, alpha_j, P~_j V^_j); the other consumer's
   wgmmas run under each softmax. The intra-warpgroup overlap (OVERLAP: S_{j+1} in flight beside
   P~_j V^_j) is there to be timed, off by default (see OVERLAP).
 """
@@ -90,21 +91,18 @@ if HAS_GLUON:
     class QTile8:
         """One consumer's 64 query rows: Q8 the folded Q^ bytes [B Hq LQP, DQ] (rows from q_row0),
         RowScale their score factors (fp32 [B Hq LQP]: scale log2(e) 2**(a_q + a_k)), q_smem [64, DQ]
-        fp8 (the wgmma's A operand), ones [8, BN] fp8 (E4M3 ones: the B operand of the row sums),
-        row0 their first row among this head's Lq (O and lse)."""
+        fp8 (the wgmma's A operand), row0 their first row among this head's Lq (O and lse)."""
 
         Q8: gl.tensor
         RowScale: gl.tensor
         q_smem: gl.shared_memory_descriptor
-        ones: gl.shared_memory_descriptor
         q_row0: gl.tensor
         row0: gl.tensor
 
-        def __init__(self, Q8, RowScale, q_smem, ones, q_row0, row0):
+        def __init__(self, Q8, RowScale, q_smem, q_row0, row0):
             self.Q8 = Q8
             self.RowScale = RowScale
             self.q_smem = q_smem
-            self.ones = ones
             self.q_row0 = q_row0
             self.row0 = row0
 
@@ -132,11 +130,8 @@ if HAS_GLUON:
 
     @gluon.jit
     def _q8_to_smem(q):
-        """The consumer's folded Q^ bytes into q.q_smem and E4M3 ones into q.ones (once)."""
+        """The consumer's folded Q^ bytes into q.q_smem (once)."""
         q_smem = q.q_smem
-        BN: gl.constexpr = q.ones.type.shape[1]
-        ones_io: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [gl.num_warps(), 1], [1, 0])
-        q.ones.store(gl.full([8, BN], 0x38, gl.uint8, ones_io).to(gl.float8e4nv, bitcast=True))
         R: gl.constexpr = q_smem.type.shape[0]
         DQ: gl.constexpr = q_smem.type.shape[1]
         io: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [gl.num_warps(), 1], [1, 0])
@@ -175,16 +170,10 @@ if HAS_GLUON:
         return warpgroup_mma(p, ring.v.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
 
     @gluon.jit
-    def _l8(p, q, zero8):
-        """Issue the row sums of P~ (async): P~ times E4M3 ones [BN, 8] by FP8 wgmma m64n8k32, all 8
-        columns the sum of exactly the bytes P~ V^ multiplies, in the same accumulator arithmetic."""
-        return warpgroup_mma(p, q.ones.permute((1, 0)), zero8, use_acc=False, is_async=True)
-
-    @gluon.jit
     def _softmax8(s, m, c, start_n, keys, MASKED: gl.constexpr):
         """(m_new, alpha, P~ as the 8-bit A operand) of folded scores s, with the `tl` FP8 kernel's
         operations (`fp8_p_tile`, its E4M3 rounding); MASKED: keys past Lk get -inf (before the
-        factor c, as the `tl` kernel's mask). PNQ's l: `_l8`."""
+        factor c, as the `tl` kernel's mask), and the tile's row sums l_tile (PNQ's l)."""
         BN: gl.constexpr = s.shape[1]
         P_CVT: gl.constexpr = keys.CAST[4]
         dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s.type.layout, k_width=4)
@@ -196,11 +185,13 @@ if HAS_GLUON:
         # the cast (`_e4m3x4`): P_CVT rounds by the hardware conversion (exact on P~'s E2M1 x 2**k
         # values, the nearest E4M3 below 2**-16 as `cast.e4m3_round`), else the values are E4M3
         # already (`cast.e4m3_round`) and the conversion is exact.
-        if P_CVT:
-            r = _key_slots(r3)
-        else:
-            r = _key_slots(e4m3_round(r3))
-        return m_new, alpha, _e4m3x4(gl.convert_layout(r, dot_a))
+        if not P_CVT:
+            r3 = e4m3_round(r3)
+        # PNQ's l in fp32 from the values the bytes hold (with P_CVT, below 2**-16 of the row's
+        # largest value, before the conversion's rounding: a change of l under 2**-12 of a row
+        # sum): the FP8 accumulator's sums moved the weights' row sums off 1 by up to 3.6e-3.
+        l_tile = gl.sum(gl.sum(r3, 2), 1)  # within each block, then the blocks: m's layout
+        return m_new, alpha, _e4m3x4(gl.convert_layout(_key_slots(r3), dot_a)), l_tile
 
     @gluon.jit
     def _e4m3x4(x):
@@ -235,7 +226,7 @@ if HAS_GLUON:
         return gl.convert_layout(x, gl.SliceLayout(1, layout))[:, None]
 
     @gluon.jit
-    def _tile8(j, m, l, o, c, q, ring, zero, zero8, keys, MASKED: gl.constexpr):
+    def _tile8(j, m, l, o, c, q, ring, zero, keys, MASKED: gl.constexpr):
         """Key tile j without the overlap: S_j, its softmax, then P~_j V^_j and its row sums, O~ =
         fma(O~, alpha_j, P~_j V^_j), l likewise; (m, l, O~) after it. P~ lives within the tile, so
         its bytes go to the wgmma in the registers the cast wrote (carried across iterations, the
@@ -243,33 +234,30 @@ if HAS_GLUON:
         BN: gl.constexpr = ring.k.type.shape[1]
         STAGES: gl.constexpr = ring.STAGES
         mma: gl.constexpr = o.type.layout
-        mma8: gl.constexpr = l.type.layout
         slot = j % STAGES
         phase = (j // STAGES) & 1
         mbarrier.wait(ring.k_ready.index(slot), phase)
         s = _qk8(q.q_smem, ring, slot, zero)
         s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(slot)])
         mbarrier.arrive(ring.k_empty.index(slot))
-        m, alpha, p = _softmax8(s, m, c, j * BN, keys, MASKED)
+        m, alpha, p, l_tile = _softmax8(s, m, c, j * BN, keys, MASKED)
         mbarrier.wait(ring.v_ready.index(slot), phase)
         acc = _pv8(p, ring, slot, zero)
-        acc_l = _l8(p, q, zero8)
-        acc, acc_l, _v_done = warpgroup_mma_wait(0, deps=[acc, acc_l, ring.v.index(slot)])
+        acc, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(slot)])
         mbarrier.arrive(ring.v_empty.index(slot))
         o = gl.fma(o, _rows_of(alpha, mma), acc)
-        l = gl.fma(l, _rows_of(alpha, mma8), acc_l)
+        l = gl.fma(l, alpha, l_tile)
         return m, l, o
 
     @gluon.jit
-    def _step8(j, m, l, o, alpha_prev, p, c, q, ring, zero, zero8, keys, MASKED: gl.constexpr):
-        """Key tile j >= 1: (m, l, O~ after tile j - 1, alpha_j, P~_j): O~ = fma(O~, alpha_{j-1},
-        P~_{j-1} V^_{j-1}), l = fma(l, alpha_{j-1}, P~_{j-1} 1) (`_l8`). OVERLAP: S_j and those
+    def _step8(j, m, l, o, alpha_prev, p, l_prev, c, q, ring, zero, keys, MASKED: gl.constexpr):
+        """Key tile j >= 1: (m, l, O~ after tile j - 1, alpha_j, P~_j, its row sums): O~ =
+        fma(O~, alpha_{j-1}, P~_{j-1} V^_{j-1}), l = fma(l, alpha_{j-1}, l_{j-1}). OVERLAP: S_j and those
         products in flight together, the softmax of S_j under the latter; else the products, then S_j
         and its softmax (the other consumer's wgmmas fill the gaps)."""
         BN: gl.constexpr = ring.k.type.shape[1]
         STAGES: gl.constexpr = ring.STAGES
         mma: gl.constexpr = o.type.layout
-        mma8: gl.constexpr = l.type.layout
         slot = j % STAGES
         prev = (j - 1) % STAGES
         mbarrier.wait(ring.k_ready.index(slot), (j // STAGES) & 1)
@@ -277,32 +265,30 @@ if HAS_GLUON:
         if keys.OVERLAP:
             s = _qk8(q.q_smem, ring, slot, zero)
             acc = _pv8(p, ring, prev, zero)
-            acc_l = _l8(p, q, zero8)
-            s, _k_done = warpgroup_mma_wait(2, deps=[s, ring.k.index(slot)])
+            s, _k_done = warpgroup_mma_wait(1, deps=[s, ring.k.index(slot)])
             mbarrier.arrive(ring.k_empty.index(slot))
-            m, alpha, p_next = _softmax8(s, m, c, j * BN, keys, MASKED)
+            m, alpha, p_next, l_next = _softmax8(s, m, c, j * BN, keys, MASKED)
             # The wait behind an always-true branch (tile j holds keys), as `attention_fwd_hopper`'s
             # step: else ptxas hoists it above the softmax's last exps.
             if j * BN < keys.Lk:
-                done, done_l, _v_done = warpgroup_mma_wait(0, deps=[acc, acc_l, ring.v.index(prev)])
+                done, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(prev)])
             else:
                 _cta_barrier()
-                done, done_l, _v_done = warpgroup_mma_wait(0, deps=[acc, acc_l, ring.v.index(prev)])
+                done, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(prev)])
             mbarrier.arrive(ring.v_empty.index(prev))
             o = gl.fma(o, _rows_of(alpha_prev, mma), done)
-            l = gl.fma(l, _rows_of(alpha_prev, mma8), done_l)
+            l = gl.fma(l, alpha_prev, l_prev)
         else:
             acc = _pv8(p, ring, prev, zero)
-            acc_l = _l8(p, q, zero8)
-            acc, acc_l, _v_done = warpgroup_mma_wait(0, deps=[acc, acc_l, ring.v.index(prev)])
+            acc, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(prev)])
             mbarrier.arrive(ring.v_empty.index(prev))
             o = gl.fma(o, _rows_of(alpha_prev, mma), acc)
-            l = gl.fma(l, _rows_of(alpha_prev, mma8), acc_l)
+            l = gl.fma(l, alpha_prev, l_prev)
             s = _qk8(q.q_smem, ring, slot, zero)
             s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(slot)])
             mbarrier.arrive(ring.k_empty.index(slot))
-            m, alpha, p_next = _softmax8(s, m, c, j * BN, keys, MASKED)
-        return m, l, o, alpha, p_next
+            m, alpha, p_next, l_next = _softmax8(s, m, c, j * BN, keys, MASKED)
+        return m, l, o, alpha, p_next, l_next
 
     @gluon.jit
     def _consumer8(q, ring, keys, epi):
@@ -316,18 +302,14 @@ if HAS_GLUON:
         mma: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32]
         )
-        mma8: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 32]
-        )
         _q8_to_smem(q)
         zero = gl.zeros([R, BN], gl.float32, mma)
-        zero8 = gl.zeros([R, 8], gl.float32, mma8)
         o = gl.zeros([R, DV], gl.float32, mma)
-        l = zero8  # folded row sums, each of its 8 columns
-        # m and c in the layout the block-max reduction gives (that of the `tl` kernel's m).
+        # m, l and c in the layout the block-max reduction gives (that of the `tl` kernel's m).
         m = gl.max(
             gl.max(gl.reshape(gl.full([R, BN], float("-inf"), gl.float32, mma), [R, BN // 32, 32]), 2), 1
         )
+        l = gl.zeros_like(m)  # folded row sums
         c = gl.load(q.RowScale + q.q_row0 + gl.arange(0, R, layout=m.type.layout))
         n_tiles = keys.n_tiles
         n_full = keys.Lk // BN  # tiles whose keys are all valid: no select on their scores
@@ -336,27 +318,26 @@ if HAS_GLUON:
             s = _qk8(q_smem, ring, 0, zero)
             s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(0)])
             mbarrier.arrive(ring.k_empty.index(0))
-            m, alpha, p = _softmax8(s, m, c, 0, keys, True)
+            m, alpha, p, lp = _softmax8(s, m, c, 0, keys, True)
             for j in range(1, n_full):
-                m, l, o, alpha, p = _step8(j, m, l, o, alpha, p, c, q, ring, zero, zero8, keys, False)
+                m, l, o, alpha, p, lp = _step8(j, m, l, o, alpha, p, lp, c, q, ring, zero, keys, False)
             for j in range(gl.maximum(n_full, 1), n_tiles):
-                m, l, o, alpha, p = _step8(j, m, l, o, alpha, p, c, q, ring, zero, zero8, keys, True)
+                m, l, o, alpha, p, lp = _step8(j, m, l, o, alpha, p, lp, c, q, ring, zero, keys, True)
             last = (n_tiles - 1) % STAGES
             mbarrier.wait(ring.v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
             acc = _pv8(p, ring, last, zero)
-            acc_l = _l8(p, q, zero8)
-            acc, acc_l, _v_done = warpgroup_mma_wait(0, deps=[acc, acc_l, ring.v.index(last)])
+            acc, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(last)])
             mbarrier.arrive(ring.v_empty.index(last))
             o = gl.fma(o, _rows_of(alpha, mma), acc)
-            l = gl.fma(l, _rows_of(alpha, mma8), acc_l)
+            l = gl.fma(l, alpha, lp)
         else:
             for j in range(0, n_full):
-                m, l, o = _tile8(j, m, l, o, c, q, ring, zero, zero8, keys, False)
+                m, l, o = _tile8(j, m, l, o, c, q, ring, zero, keys, False)
             for j in range(n_full, n_tiles):
-                m, l, o = _tile8(j, m, l, o, c, q, ring, zero, zero8, keys, True)
+                m, l, o = _tile8(j, m, l, o, c, q, ring, zero, keys, True)
 
         # O and lse in the layout of O~'s rows (the `tl` FP8 kernel's finish).
-        l_rows = gl.convert_layout(gl.max(l, 1), gl.SliceLayout(1, mma))  # its 8 equal columns
+        l_rows = gl.convert_layout(l, gl.SliceLayout(1, mma))
         m_rows = gl.convert_layout(m, gl.SliceLayout(1, mma))
         cols = gl.arange(0, DV, layout=gl.SliceLayout(0, mma))
         colscale = gl.load(keys.ColScale + keys.cs_base + cols)  # 2**a_v per output column
@@ -414,9 +395,6 @@ if HAS_GLUON:
         q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([R, DQ], gl.float8e4nv)
         q0 = gl.allocate_shared_memory(gl.float8e4nv, [R, DQ], q_layout)
         q1 = gl.allocate_shared_memory(gl.float8e4nv, [R, DQ], q_layout)
-        ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BN], gl.float8e4nv)
-        ones0 = gl.allocate_shared_memory(gl.float8e4nv, [8, BN], ones_layout)
-        ones1 = gl.allocate_shared_memory(gl.float8e4nv, [8, BN], ones_layout)
         k_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, DQ], k_desc.layout)
         v_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, DV, BN], v_desc.layout)
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -440,8 +418,8 @@ if HAS_GLUON:
         epi = Epilogue(Out, Lse, None, b, h, out_base, lse_base, stride_om, stride_od, Lq, OUT_MAX, False)
         gl.warp_specialize(
             [
-                (_consumer8, (QTile8(Q8, RowScale, q0, ones0, q_row0, row0), ring, keys, epi)),
-                (_consumer8, (QTile8(Q8, RowScale, q1, ones1, q_row0 + R, row0 + R), ring, keys, epi)),
+                (_consumer8, (QTile8(Q8, RowScale, q0, q_row0, row0), ring, keys, epi)),
+                (_consumer8, (QTile8(Q8, RowScale, q1, q_row0 + R, row0 + R), ring, keys, epi)),
                 (_producer8, (k_desc, v_desc, ring, bhk * LKP, bhk * DV, n_tiles)),
             ],
             [4, 1],

@@ -105,9 +105,10 @@ CASES = [
 @pytest.mark.parametrize("kind,shape", CASES, ids=[c[0] for c in CASES])
 def test_gluon_fp8_kernel_matches_the_tl_fp8_kernel(kind, shape):
     """The same scores, P~ bytes and FP8 instruction groups (32 keys per k-step) as the `tl` kernel;
-    within a k-step the P~ V^ products and row sums come in `key_slot` order, not in key order, so
-    only the FP8 accumulator's treatment of that order may differ (check_fp8_gpu.py reports whether
-    the bits are equal)."""
+    within a k-step the P~ V^ products come in `key_slot` order, not in key order, and with the
+    hardware P~ cast l sums the values before the conversion's rounding (they differ below 2**-16 of
+    a row's largest), so O and l may differ slightly (check_fp8_gpu.py reports whether the bits are
+    equal). lse: within 1e-3 or 2**-20 of itself (scores of ~1e6 in the `spread` case)."""
     q, k, v = _inputs(kind, shape, seed=len(kind))
     scale = 128**-0.5
     got = fused_attention(q, k, v, FAST, scale=scale, fwd_kernel="gluon")
@@ -118,7 +119,7 @@ def test_gluon_fp8_kernel_matches_the_tl_fp8_kernel(kind, shape):
     # (Hopper's FP8 accumulator keeps ~14 bits per k-step: a permuted order there moves O by far less
     # than 1e-3; a wrong key order or layout moves it by O(1).)
     assert ((a - b).norm() / b.norm()).item() <= 1e-3
-    assert torch.allclose(got.lse, want.lse, rtol=0, atol=1e-3, equal_nan=True)
+    assert torch.allclose(got.lse, want.lse, rtol=2**-20, atol=1e-3, equal_nan=True)
 
 
 @gpu
@@ -141,7 +142,10 @@ def test_gluon_fp8_kernel_within_the_fast_modes_bound_of_its_emulation(kind, sha
 
 
 @gpu
-def test_gluon_fp8_hardware_p_cast_gives_the_software_roundings_bits(monkeypatch):
+def test_gluon_fp8_hardware_p_cast_matches_the_software_rounding(monkeypatch):
+    """The hardware conversion writes the software rounding's P~ bytes; l sums the values before
+    it (the same but below 2**-16 of a row's largest: on the H200 row sums moved by 2.1e-4 at most,
+    check_fp8_gpu.py), so O and lse agree within the bounds below, not bit for bit."""
     q, k, v = _inputs("spread", (1, 4, 2, 600, 1000), seed=5)
     outs = []
     for hw in (True, False):
@@ -149,8 +153,9 @@ def test_gluon_fp8_hardware_p_cast_gives_the_software_roundings_bits(monkeypatch
         p = plan.plan_call(FAST, q, k, v, scale=0.1)
         assert p.fwd_kernel == "gluon" and p.fwd.constants["P_CVT"] is hw
         outs.append(fused_attention(q, k, v, FAST, scale=0.1, plan=p))
-    assert torch.equal(outs[0].out.view(torch.int16), outs[1].out.view(torch.int16))
-    assert torch.equal(outs[0].lse.view(torch.int32), outs[1].lse.view(torch.int32))
+    a, b = outs[0].out.double(), outs[1].out.double()
+    assert ((a - b).norm() / b.norm()).item() <= 1e-3
+    assert torch.allclose(outs[0].lse, outs[1].lse, rtol=2**-20, atol=1e-3)
 
 
 @gpu

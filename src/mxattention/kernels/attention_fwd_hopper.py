@@ -445,6 +445,44 @@ if HAS_GLUON:
             tma.store_wait(pendings=0)  # q_smem stays allocated until the store has read it
 
     @gluon.jit
+    def _cta_heads(H, GROUP):
+        """(pid_m, b, h, bh, bhk) of this CTA: its query tile, (batch, query head) and KV head bhk
+        (GQA: no copy)."""
+        pid_m = gl.program_id(0)
+        bh = gl.program_id(1)
+        b = bh // H
+        h = bh % H
+        return pid_m, b, h, bh, b * (H // GROUP) + h // GROUP
+
+    @gluon.jit
+    def _ring_barriers(STAGES: gl.constexpr, K_ARRIVALS: gl.constexpr):
+        """The K^ / V^ ring's mbarriers, initialized: (k_ready (K_ARRIVALS arrivals), v_ready (1),
+        k_empty, v_empty (2: one per consumer partition)), STAGES each."""
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=K_ARRIVALS)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)
+            mbarrier.init(v_empty.index(i), count=2)
+        return k_ready, v_ready, k_empty, v_empty
+
+    @gluon.jit
+    def _tile_rows(pid_m, LQP, Lk, Lq, b, h, bh, stride_ob, stride_oh, R: gl.constexpr, BN: gl.constexpr):
+        """(n_tiles, row0, q_row0, out_base, lse_base): the key tiles, this CTA's first query row
+        (of 2 R), that row in the [B H LQP] rows of Q^, and the (batch, head)'s offsets of O and lse."""
+        row0 = pid_m * (2 * R)
+        return (
+            (Lk + BN - 1) // BN,
+            row0,
+            bh.to(gl.int64) * LQP + row0,
+            b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh,
+            bh.to(gl.int64) * Lq,
+        )
+
+    @gluon.jit
     def _mx_attention_fwd_hopper_kernel(
         Qc,
         Qs,
@@ -484,11 +522,7 @@ if HAS_GLUON:
         BN: gl.constexpr = k_desc.block_type.shape[0]
         DV: gl.constexpr = v_desc.block_type.shape[1]
         R: gl.constexpr = 64
-        pid_m = gl.program_id(0)
-        bh = gl.program_id(1)
-        b = bh // H
-        h = bh % H
-        bhk = b * (H // GROUP) + h // GROUP  # GQA: the kv head, no copy
+        pid_m, b, h, bh, bhk = _cta_heads(H, GROUP)
         q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([R, DQ], gl.bfloat16)
         q0 = gl.allocate_shared_memory(gl.bfloat16, [R, DQ], q_layout)
         q1 = gl.allocate_shared_memory(gl.bfloat16, [R, DQ], q_layout)
@@ -501,26 +535,16 @@ if HAS_GLUON:
             c_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 16, BN], parts)
         else:
             c_smem = k_smem  # never read
-        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_ready.index(i), count=2 if SMOOTH else 1)  # + the producer's parts
-            mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)  # one arrive per consumer partition
-            mbarrier.init(v_empty.index(i), count=2)
+        k_ready, v_ready, k_empty, v_empty = _ring_barriers(STAGES, 2 if SMOOTH else 1)  # + the parts
         # Two mbarriers no partition reads (the removed ping-pong's turns). Without them ptxas orders
         # the consumers' key loops differently (same instructions per tile, Triton 3.6 and 3.9,
         # 2026-12-03), so they stay until an H200 A/B shows that order costs nothing.
         turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(turns.index(i), count=1)
-        n_tiles = (Lk + BN - 1) // BN
-        row0 = pid_m * (2 * R)
-        q_row0 = bh.to(gl.int64) * LQP + row0
-        out_base = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-        lse_base = bh.to(gl.int64) * Lq
+        n_tiles, row0, q_row0, out_base, lse_base = _tile_rows(
+            pid_m, LQP, Lk, Lq, b, h, bh, stride_ob, stride_oh, R, BN
+        )
         c_row = bh * NBQ + row0 // gl.maximum(SMOOTH_Q_BLOCK, 1)
         # Built once, read by both consumers (the producer shares the ring).
         ring = KVRing(k_smem, v_smem, c_smem, k_ready, v_ready, k_empty, v_empty, SMOOTH)

@@ -83,7 +83,15 @@ if HAS_GLUON:
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from mxattention.kernels.attention_fwd_hopper import Epilogue, KVRing, _cta_barrier, _tma_load
+    from mxattention.kernels.attention_fwd_hopper import (
+        Epilogue,
+        KVRing,
+        _cta_barrier,
+        _cta_heads,
+        _ring_barriers,
+        _tile_rows,
+        _tma_load,
+    )
 
     _Int = gl.tensor | gl.constexpr
 
@@ -387,30 +395,16 @@ if HAS_GLUON:
         BN: gl.constexpr = k_desc.block_type.shape[0]
         DV: gl.constexpr = v_desc.block_type.shape[0]
         R: gl.constexpr = 64
-        pid_m = gl.program_id(0)
-        bh = gl.program_id(1)
-        b = bh // H
-        h = bh % H
-        bhk = b * (H // GROUP) + h // GROUP  # GQA: the kv head, no copy
+        pid_m, b, h, bh, bhk = _cta_heads(H, GROUP)
         q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([R, DQ], gl.float8e4nv)
         q0 = gl.allocate_shared_memory(gl.float8e4nv, [R, DQ], q_layout)
         q1 = gl.allocate_shared_memory(gl.float8e4nv, [R, DQ], q_layout)
         k_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, DQ], k_desc.layout)
         v_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, DV, BN], v_desc.layout)
-        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_ready.index(i), count=1)
-            mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)  # one arrive per consumer partition
-            mbarrier.init(v_empty.index(i), count=2)
-        n_tiles = (Lk + BN - 1) // BN
-        row0 = pid_m * (2 * R)
-        q_row0 = bh.to(gl.int64) * LQP + row0
-        out_base = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-        lse_base = bh.to(gl.int64) * Lq
+        k_ready, v_ready, k_empty, v_empty = _ring_barriers(STAGES, 1)
+        n_tiles, row0, q_row0, out_base, lse_base = _tile_rows(
+            pid_m, LQP, Lk, Lq, b, h, bh, stride_ob, stride_oh, R, BN
+        )
         ring = KVRing(k_smem, v_smem, k_smem, k_ready, v_ready, k_empty, v_empty, False)
         keys = KeyLoop8(
             Lk, n_tiles, ColScale, bhk.to(gl.int64) * DV, (PNQ, CEIL, Q_EXP, Q_MANT, P_CVT), OVERLAP

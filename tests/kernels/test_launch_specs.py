@@ -290,3 +290,17 @@ def test_the_interpreter_launches_a_cached_plan_through_the_jit(planner, monkeyp
         fused.run_plan(p, q, k, v)
     slots = {(0, "q"), (0, "k"), ((0, "v"), 0), ((0, "fwd"), 0), "program"}
     assert len(spy.launches) == 2 and set(p.launches) == slots
+
+
+def test_a_fitted_forward_is_what_the_plan_says(planner, monkeypatch):
+    """After a `tl` forward overflowed shared memory (recorded by the planner), the plan made again
+    runs one stage fewer, and its `num_stages` and `describe()` say so (not the stages asked)."""
+    from mxattention.kernels.specs import BuildFailure
+
+    q, k, v = _qkv()
+    first = planner.plan_call(get_method("mxattention"), q, k, v, scale=0.125)
+    assert first.fwd_kernel == "tl" and first.num_stages == first.fwd.num_stages >= 2
+    planner.record_build_failure(BuildFailure(first.fwd, "OutOfResources: shared memory"))
+    again = planner.plan_call(get_method("mxattention"), q, k, v, scale=0.125)
+    assert again.fwd.num_stages == again.num_stages == first.num_stages - 1
+    assert f"{again.num_stages} stages" in again.describe()

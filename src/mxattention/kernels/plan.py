@@ -831,7 +831,8 @@ def plan_call(
         block_m=bm,
         block_n=bn,
         num_warps=warps,
-        num_stages=stages,
+        # The stages the exact tl forward runs with (`fitted`: fewer after a shared-memory overflow).
+        num_stages=fwd_spec.num_stages if fwd == "tl" and cfg.mma == "exact" else stages,
         compile_options=options,
         qk_elem=qe,
         v_elem=cfg.v.elem,

@@ -591,9 +591,10 @@ class KernelPlan:
         opts = f", options {dict(self.compile_options)}" if self.compile_options else ""
         ops = {"": "", "negate_q": ", Q negated", "negate_k": ", K negated"}
         ops.update(zero_q=", Q times 0", zero_k=", K times 0")
-        tiles = (
-            f"BM {self.block_m} x BN {self.block_n}, {self.num_warps} warps, {self.num_stages} stages{opts}"
-        )
+        stages = f"{self.num_stages} stages"
+        if self.fwd is not None and self.fwd.kernel == "tl" and self.fwd.num_stages != self.num_stages:
+            stages = f"{self.fwd.num_stages} stages (asked {self.num_stages}: shared memory, `fitted`)"
+        tiles = f"BM {self.block_m} x BN {self.block_n}, {self.num_warps} warps, {stages}{opts}"
         if self.fwd_kernel == "gluon":  # its own launch: the tl tiles above are not what runs
             from mxattention.kernels import attention_fwd_hopper as hopper
 
@@ -831,8 +832,7 @@ def plan_call(
         block_m=bm,
         block_n=bn,
         num_warps=warps,
-        # The stages the exact tl forward runs with (`fitted`: fewer after a shared-memory overflow).
-        num_stages=fwd_spec.num_stages if fwd == "tl" and cfg.mma == "exact" else stages,
+        num_stages=stages,
         compile_options=options,
         qk_elem=qe,
         v_elem=cfg.v.elem,

@@ -253,3 +253,35 @@ def test_gpu_replay_equals_the_normal_path(monkeypatch, shapes, kw):
     want = _normal(monkeypatch, *second, **kw)
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(got[1], want[1], rtol=0, atol=0, equal_nan=True)
+
+
+@INTERPRETED
+def test_direct_steps_pass_the_addresses_of_the_rebuilt_views(monkeypatch):
+    """The GPU's replay (integer addresses through the slots' direct runners) on the CPU, with a
+    runner that keeps its arguments: every address is the data pointer of the view the interpreter's
+    replay rebuilds at that place, and every other argument is the recorded one."""
+    from mxattention.kernels import fused
+
+    q, k, v = (_hostile((1, 2, 150, 64), BF16, i) for i in range(3))
+    plan = kplan.cached_plan("mxattention", q, k, v, 0.125)
+    with program.Recording() as rec:
+        got = fused._run_dense(plan, q, k, v, mask=None, is_causal=False)
+    calls = []
+    for launch in rec.launches:
+        launch.runner = lambda args, calls=calls: calls.append(list(args))
+    direct = program._build(rec.launches, rec._watch.allocs, [q, k, v, None], [got.out, got.lse], True)
+    roots = [_hostile((1, 2, 150, 64), BF16, 7 + i) for i in range(3)] + [None]
+    bases = direct.bases(roots)
+    direct.launch(bases)
+    assert len(calls) == len(rec.launches) == 4
+    places = 0
+    for (launch, template, holes), args in zip(direct.layout, calls, strict=True):
+        assert len(args) == len(launch.args)
+        held = dict(holes)
+        for pos, recorded in enumerate(launch.args):
+            if pos in held:
+                assert args[pos] == program._rebuild(bases, held[pos]).data_ptr()
+                places += 1
+            else:
+                assert args[pos] == template[pos] == recorded
+    assert places >= 12  # Q, K, V and their passes' outputs, O, lse

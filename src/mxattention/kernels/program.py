@@ -277,6 +277,7 @@ class CallProgram:
         self.outputs = outputs  # (shape, stride, dtype) of O and lse
         self.ws_bytes = ws_bytes
         self.direct = direct
+        self.layout = tuple(steps)  # (launch, arguments with holes, (position, place) of each hole)
         self.steps = tuple(self._compile(rec, template, holes) for rec, template, holes in steps)
 
     def __len__(self) -> int:
@@ -311,8 +312,9 @@ class CallProgram:
 
         return direct_step
 
-    def run(self, roots: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
-        """Make the launches for `roots` (the inputs, in the recorded order); returns [O, lse]."""
+    def bases(self, roots: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """The tensors a replay's addresses start from: `roots`, then O and lse allocated as the
+        recorded run allocated them, then the workspace of its other buffers."""
         device = roots[0].device
         outs = [
             torch.empty_strided(shape, stride, dtype=dt, device=device) for shape, stride, dt in self.outputs
@@ -320,10 +322,19 @@ class CallProgram:
         bases = [*roots, *outs]
         if self.ws_bytes:
             bases.append(torch.empty(self.ws_bytes, dtype=torch.uint8, device=device))
+        return bases
+
+    def launch(self, bases: list[torch.Tensor | None]) -> None:
+        """Make the recorded launches on `bases` (`bases`)."""
         ptrs = [0 if b is None else b.data_ptr() for b in bases] if self.direct else []
         for step in self.steps:
             step(bases, ptrs)
-        return outs
+
+    def run(self, roots: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+        """Make the launches for `roots` (the inputs, in the recorded order); returns [O, lse]."""
+        bases = self.bases(roots)
+        self.launch(bases)
+        return bases[len(roots) : len(roots) + len(self.outputs)]
 
 
 def _replace_base(desc, base: torch.Tensor):

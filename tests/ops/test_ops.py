@@ -118,31 +118,37 @@ def _deepest_op_nesting(fn) -> int:
 
 
 def test_no_custom_op_runs_inside_another():
+    """Each entry makes one op call and no op calls another; a plain eager dense call runs the op's
+    body without the op (`ops.call.plain_eager`: 0 op bodies on the stack), one with autograd to
+    record takes the op (1)."""
     q, k, v = (torch.randn(1, 2, 40, 32) for _ in range(3))
+    qg = q.clone().requires_grad_(True)
     cu = torch.tensor([0, 15, 40], dtype=torch.int32)
     packed = q[0].transpose(0, 1).contiguous()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", mx.ReferenceFallbackWarning)
-        # A plain eager call runs the op's body without the op (`ops.entry._plain_eager`); with
-        # autograd to record it takes the op.
-        assert _deepest_op_nesting(lambda: mx.scaled_dot_product_attention(q, k, v)) == 0
-        qg = q.clone().requires_grad_(True)
-        assert _deepest_op_nesting(lambda: mx.scaled_dot_product_attention(qg, k, v)) == 1
+        for query, depth in ((q, 0), (qg, 1)):
+            assert (
+                _deepest_op_nesting(lambda query=query: mx.scaled_dot_product_attention(query, k, v)) == depth
+            )
+            with mx.patch_sdpa("mxattention"):
+                assert (
+                    _deepest_op_nesting(lambda query=query: F.scaled_dot_product_attention(query, k, v))
+                    == depth
+                )
         assert _deepest_op_nesting(lambda: mx.varlen_attention(packed, packed, packed, cu, cu)) == 1
-        with mx.patch_sdpa("mxattention"):
-            assert _deepest_op_nesting(lambda: F.scaled_dot_product_attention(q, k, v)) == 1
         pytest.importorskip("diffusers")
         from diffusers.models.attention_dispatch import dispatch_attention_fn
 
         from mxattention.integrations import register_diffusers_backend, register_diffusers_varlen_backend
 
         dense, varlen = register_diffusers_backend(), register_diffusers_varlen_backend()
-        x = q.transpose(1, 2)
         mask = torch.arange(40)[None, :] < 30
-        for name in (dense, varlen):
-            assert (
-                _deepest_op_nesting(
-                    lambda name=name: dispatch_attention_fn(x, x, x, attn_mask=mask, backend=name)
+        for name, query, depth in ((dense, q, 0), (dense, qg, 1), (varlen, q, 1)):
+            x = query.transpose(1, 2)
+            got = _deepest_op_nesting(
+                lambda name=name, x=x: dispatch_attention_fn(
+                    x, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, backend=name
                 )
-                == 1
             )
+            assert got == depth, (name, depth)

@@ -64,12 +64,13 @@ from typing import Any
 
 import torch
 from diffusers.models import attention_dispatch as _ad
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from mxattention.attention.config import PRESETS, AttentionConfig, get_method
 from mxattention.attention.inputs import sdpa_problem
 from mxattention.integrations._support import NamedBackend, add_enum_member, check_policy, original_sdpa
 from mxattention.integrations.policy import PrecisionPolicy
-from mxattention.ops.call import routed_sdpa, varlen_op
+from mxattention.ops.call import routed, routed_sdpa, varlen_op
 from mxattention.ops.entry import scaled_dot_product_attention as mx_sdpa
 from mxattention.ops.errors import InferenceOnlyError, inference_only_message
 from mxattention.ops.route import (
@@ -328,11 +329,18 @@ def _backend_fn(name: str) -> Any:
                 query, key, value, None, None, -1, -1, is_causal, scale_, reg.method_key, mask, reg.token
             )
             return (out, lse) if return_lse else out
-        # `reg.where()` written out for the eager path, as the mask above.
-        site, step = reg.where() if torch.compiler.is_compiling() else (THREAD_SITE, None)
-        out, lse = routed_sdpa(
-            q, k, v, mask, is_causal, scale_, enable_gqa, return_lse, reg.token, None, site, step
-        )
+        # `reg.where()` and `ops.call.plain_eager` written out for the eager path, as the mask above:
+        # a plain eager call runs the op's body without its dispatch.
+        if torch.compiler.is_compiling():
+            call, (site, step) = routed_sdpa, reg.where()
+        else:
+            grad = torch.is_grad_enabled()
+            plain = _current_dispatch_mode() is None and all(
+                t is None or (type(t) is torch.Tensor and not (grad and t.requires_grad))
+                for t in (q, k, v, mask)
+            )
+            call, site, step = routed if plain else routed_sdpa, THREAD_SITE, None
+        out, lse = call(q, k, v, mask, is_causal, scale_, enable_gqa, return_lse, reg.token, None, site, step)
         out = out.permute(0, 2, 1, 3)
         return (out, lse.permute(0, 2, 1)) if return_lse else out
 

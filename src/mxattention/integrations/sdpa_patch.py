@@ -51,7 +51,7 @@ from mxattention.attention.config import AttentionConfig
 from mxattention.attention.inputs import sdpa_problem
 from mxattention.integrations._support import check_policy
 from mxattention.integrations.policy import PrecisionPolicy
-from mxattention.ops.call import routed_sdpa
+from mxattention.ops.call import plain_eager, routed, routed_sdpa
 from mxattention.ops.route import CallStats, Router, computing, tracks_grad
 
 _lock = threading.RLock()
@@ -153,7 +153,10 @@ class SdpaPatch(Router):
             return self._prev(*args, **kw)
         scale_ = None if scale is None else float(scale)
         site, step = self.where()
-        out, _ = routed_sdpa(
+        call = (
+            routed if plain_eager(query, key, value, attn_mask) else routed_sdpa
+        )  # (`ops.call.plain_eager`)
+        out, _ = call(
             query, key, value, attn_mask, is_causal, scale_, enable_gqa, False, self.token, None, site, step
         )
         return out

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 import torch
 from torch._library.effects import EffectType
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from mxattention.attention.keys import config_from_key, method_key
 from mxattention.attention.sdpa import checked_sdpa_reference
@@ -45,6 +46,17 @@ from mxattention.ops import route
 from mxattention.ops.errors import InferenceOnlyError, inference_only_message, warn_reference_once
 
 _TAGS = (torch.Tag.cudagraph_unsafe,)
+
+
+def plain_eager(*tensors: torch.Tensor | None) -> bool:
+    """Whether a call may run an op's body directly, skipping the dispatcher (~20 us of the H200's
+    host per call, benchmarks/results/probe_host_h200.json): eager (not traced by torch.compile), no
+    dispatch mode active (fake tensors, flop counters see the op), plain tensors, and no autograd to
+    record (the ops' backward raises `InferenceOnlyError`)."""
+    if torch.compiler.is_compiling() or _current_dispatch_mode() is not None:
+        return False
+    grad = torch.is_grad_enabled()
+    return all(t is None or (type(t) is torch.Tensor and not (grad and t.requires_grad)) for t in tensors)
 
 
 def dense(
@@ -122,8 +134,7 @@ def _sdpa_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa, metho
     return out, query.new_empty((b, hq, lq), dtype=torch.float32)
 
 
-@torch.library.custom_op("mxattention::routed_sdpa", mutates_args=(), tags=_TAGS)
-def routed_sdpa(
+def routed(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -137,9 +148,8 @@ def routed_sdpa(
     site: int = route.THREAD_SITE,
     step: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One call of the router `router` on checked [B, H, L, D] inputs: `decision` (from
-    `route_decide`) or None to decide here, with the policy's `site` and `step` (`Router.where`).
-    Returns (O [B, Hq, Lq, Dv], lse [B, Hq, Lq] fp32, or empty without `return_lse`)."""
+    """The body of `routed_sdpa` (see there), which a plain eager call (`plain_eager`) runs without
+    the op's dispatch."""
     r = route._routers.get(router) or route.lookup(router)  # lookup raises for a router that is gone
     d = r.decide(query.shape[-2], key.shape[-2], attn_mask, site, step) if decision is None else int(decision)
     no_lse = query.new_empty((0,), dtype=torch.float32)
@@ -160,6 +170,29 @@ def routed_sdpa(
     finally:
         route._local.busy = False
     return out.contiguous(), lse.contiguous() if return_lse else no_lse
+
+
+@torch.library.custom_op("mxattention::routed_sdpa", mutates_args=(), tags=_TAGS)
+def routed_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+    return_lse: bool,
+    router: str,
+    decision: torch.Tensor | None,
+    site: int = route.THREAD_SITE,
+    step: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One call of the router `router` on checked [B, H, L, D] inputs: `decision` (from
+    `route_decide`) or None to decide here, with the policy's `site` and `step` (`Router.where`).
+    Returns (O [B, Hq, Lq, Dv], lse [B, Hq, Lq] fp32, or empty without `return_lse`)."""
+    return routed(
+        query, key, value, attn_mask, is_causal, scale, enable_gqa, return_lse, router, decision, site, step
+    )
 
 
 @routed_sdpa.register_fake

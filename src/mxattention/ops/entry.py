@@ -12,13 +12,12 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from mxattention.attention.config import AttentionConfig, get_method
 from mxattention.attention.inputs import check_scale, check_sdpa
 from mxattention.attention.keys import method_key
 from mxattention.attention.varlen import check_varlen
-from mxattention.ops.call import dense, sdpa_op, varlen_op
+from mxattention.ops.call import dense, plain_eager, sdpa_op, varlen_op
 
 
 def scaled_dot_product_attention(
@@ -65,23 +64,11 @@ def scaled_dot_product_attention(
     # A preset travels as its name: a plain string constant for torch.compile (torch 2.11's dynamo
     # cannot rebuild a frozen dataclass to call method_key on it).
     key_ = method if isinstance(method, str) else method_key(cfg)
-    if _plain_eager(query, key, value, attn_mask):
-        # The op's own body, without the dispatcher's ~20 us per call (H200 host,
-        # benchmarks/results/probe_host_h200.json): nothing here needs the op (see `_plain_eager`).
+    if plain_eager(query, key, value, attn_mask):  # the op's own body, without the dispatcher
         out, lse = dense(query, key, value, attn_mask, is_causal, scale_, key_)
     else:
         out, lse = sdpa_op(query, key, value, attn_mask, is_causal, scale_, enable_gqa, key_)
     return (out, lse) if return_lse else out
-
-
-def _plain_eager(*tensors: torch.Tensor | None) -> bool:
-    """Whether a call may run the op's body directly: eager (not traced by torch.compile), no
-    dispatch mode active (fake tensors, flop counters see the op), plain tensors, and no autograd to
-    record (the op's backward raises `InferenceOnlyError`)."""
-    if torch.compiler.is_compiling() or _current_dispatch_mode() is not None:
-        return False
-    grad = torch.is_grad_enabled()
-    return all(t is None or (type(t) is torch.Tensor and not (grad and t.requires_grad)) for t in tensors)
 
 
 def varlen_attention(

@@ -50,6 +50,13 @@ def _normal(monkeypatch, *args, **kw):
         kplan._PLANS.update(saved)
 
 
+def _count_replays(monkeypatch) -> list:
+    """A list that gets one item per `CallProgram.run` from now on."""
+    runs, real = [], program.CallProgram.run
+    monkeypatch.setattr(program.CallProgram, "run", lambda self, roots: runs.append(1) or real(self, roots))
+    return runs
+
+
 def _hostile(shape, dtype, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=g) * torch.exp(2 * torch.randn(shape[-1], generator=g))
@@ -65,9 +72,7 @@ def _replayed(monkeypatch, shapes, dtype=BF16, **kw):
     made = _only_program()
     assert isinstance(made, program.CallProgram), made
     second = [_hostile(s, dtype, 10 + i) for i, s in enumerate(shapes)]
-    runs = []
-    real = program.CallProgram.run
-    monkeypatch.setattr(program.CallProgram, "run", lambda self, roots: runs.append(1) or real(self, roots))
+    runs = _count_replays(monkeypatch)
     got = mxattention.scaled_dot_product_attention(*second, return_lse=True, **kw)
     assert runs == [1]
     want = _normal(monkeypatch, *second, **kw)
@@ -246,8 +251,7 @@ def test_gpu_replay_equals_the_normal_path(monkeypatch, shapes, kw):
     mxattention.scaled_dot_product_attention(*inputs(0, 0), **kw)
     assert isinstance(_only_program(), program.CallProgram)
     second = inputs(20, 16)
-    runs, real = [], program.CallProgram.run
-    monkeypatch.setattr(program.CallProgram, "run", lambda self, roots: runs.append(1) or real(self, roots))
+    runs = _count_replays(monkeypatch)
     got = mxattention.scaled_dot_product_attention(*second, return_lse=True, **kw)
     assert runs == [1]
     want = _normal(monkeypatch, *second, **kw)

@@ -279,7 +279,7 @@ def test_direct_steps_pass_the_addresses_of_the_rebuilt_views(monkeypatch):
     direct.launch(bases)
     assert len(calls) == len(rec.launches) == 4
     places = 0
-    for (launch, template, holes), args in zip(direct.layout, calls, strict=True):
+    for launch, (_, template, holes), args in zip(rec.launches, direct.layout, calls, strict=True):
         assert len(args) == len(launch.args)
         held = dict(holes)
         for pos, recorded in enumerate(launch.args):
@@ -289,3 +289,44 @@ def test_direct_steps_pass_the_addresses_of_the_rebuilt_views(monkeypatch):
             else:
                 assert args[pos] == template[pos] == recorded
     assert places >= 12  # Q, K, V and their passes' outputs, O, lse
+
+
+@INTERPRETED
+def test_a_program_keeps_no_tensor_of_the_recorded_run_alive():
+    """The recorded call's inputs, outputs and buffers are freed once the caller drops them: a cached
+    program holds places, not tensors (at 75k tokens the buffers are 2.4 GiB)."""
+    import gc
+    import weakref
+
+    q, k, v = (_hostile((1, 2, 150, 64), BF16, i) for i in range(3))
+    out = mxattention.scaled_dot_product_attention(q, k, v)
+    assert isinstance(_only_program(), program.CallProgram)
+    refs = [weakref.ref(t) for t in (q, k, v, out)]
+    del q, k, v, out
+    gc.collect()
+    assert [r() for r in refs] == [None] * 4
+
+
+def test_a_rebuilt_descriptor_is_what_tritons_launcher_reads():
+    """A TMA descriptor argument is replayed as `program._Desc`: Triton's launcher (its CUDA driver's
+    `make_tensordesc_arg`) reads from it the new base address and the recorded shape, strides and
+    padding."""
+    driver = pytest.importorskip("triton.backends.nvidia.driver")
+    import dataclasses
+    import inspect
+
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from mxattention.kernels.program import _Desc, _DescHole, _Place, _Ptr
+
+    x = torch.empty(64, 128, dtype=BF16)
+    recorded = TensorDescriptor(x, [64, 128], [128, 1], [32, 64])
+    rest = tuple(
+        (f.name, getattr(recorded, f.name)) for f in dataclasses.fields(recorded) if f.name != "base"
+    )
+    hole = _DescHole(_Place(0, 0, BF16, (64, 128), (128, 1)), TensorDescriptor, rest)
+    replayed = _Desc(_Ptr(4096), hole)
+    extra = (None,) * (len(inspect.signature(driver.make_tensordesc_arg).parameters) - 2)  # Triton 3.9: 3
+    got = driver.make_tensordesc_arg(replayed, None, *extra)
+    want = driver.make_tensordesc_arg(recorded, None, *extra)
+    assert got[0].data_ptr() == 4096 and got[1:] == want[1:]

@@ -160,10 +160,20 @@ class _Place:
 
 @dataclass(frozen=True)
 class _DescHole:
-    """A TMA descriptor argument: its base tensor's place and the descriptor as recorded."""
+    """A TMA descriptor argument: its base tensor's place, the descriptor's class and its other
+    fields (no tensor: a program keeps none of the recorded run's memory alive)."""
 
     place: _Place
-    desc: object
+    cls: type
+    fields: tuple[tuple[str, object], ...]
+
+    def __getattr__(self, name: str) -> object:  # shape, strides, block_shape, layout, padding
+        if name in ("place", "cls", "fields"):  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        for key, value in self.fields:
+            if key == name:
+                return value
+        raise AttributeError(name)
 
 
 class _Ptr:
@@ -179,15 +189,20 @@ class _Ptr:
 
 
 class _Desc:
-    """A host TMA descriptor at a new address: what Triton's launcher reads of one (`base.data_ptr()`,
-    shape, strides, padding), the recorded descriptor's checked values otherwise."""
+    """A host TMA descriptor at a new address: `base` (what Triton's launcher asks `data_ptr()` of),
+    every other field the recorded descriptor's (shape, strides, padding, ... as this Triton's
+    descriptor class has them)."""
 
-    __slots__ = ("base", "block_shape", "layout", "padding", "shape", "strides")
+    __slots__ = ("_hole", "base")
 
-    def __init__(self, base: _Ptr, like) -> None:
+    def __init__(self, base: _Ptr, hole: _DescHole) -> None:
         self.base = base
-        self.shape, self.strides, self.block_shape = like.shape, like.strides, like.block_shape
-        self.layout, self.padding = getattr(like, "layout", None), like.padding
+        self._hole = hole
+
+    def __getattr__(self, name: str) -> object:
+        if name == "_hole":
+            raise AttributeError(name)
+        return getattr(self._hole, name)
 
 
 def _is_desc(x) -> bool:
@@ -254,9 +269,13 @@ def _build(launches, allocs, roots, outs, direct: bool) -> CallProgram:
                 holes.append((pos, place(a)))
                 template[pos] = None
             elif _is_desc(a):
-                holes.append((pos, _DescHole(place(a.base), a)))
+                rest = tuple((f.name, getattr(a, f.name)) for f in fields(a) if f.name != "base")
+                holes.append((pos, _DescHole(place(a.base), type(a), rest)))
                 template[pos] = None
-        steps.append((rec, tuple(template), tuple(holes)))
+        # What a replay needs of the launch, without its arguments (the recorded run's tensors).
+        steps.append(
+            (_Launch(rec.kernel, rec.grid, (), rec.kwargs, rec.runner), tuple(template), tuple(holes))
+        )
     return CallProgram(tuple(out_specs), ws_bytes, tuple(steps), direct)
 
 
@@ -277,7 +296,7 @@ class CallProgram:
         self.outputs = outputs  # (shape, stride, dtype) of O and lse
         self.ws_bytes = ws_bytes
         self.direct = direct
-        self.layout = tuple(steps)  # (launch, arguments with holes, (position, place) of each hole)
+        self.layout = tuple(steps)  # (launch without its arguments, arguments with holes, (position, place))
         self.steps = tuple(self._compile(rec, template, holes) for rec, template, holes in steps)
 
     def __len__(self) -> int:
@@ -290,7 +309,7 @@ class CallProgram:
                 args = list(template)
                 for pos, h in holes:
                     if isinstance(h, _DescHole):
-                        args[pos] = _replace_base(h.desc, _rebuild(bases, h.place))
+                        args[pos] = h.cls(base=_rebuild(bases, h.place), **dict(h.fields))
                     else:
                         args[pos] = _rebuild(bases, h)
                 rec.kernel[rec.grid](*args, **rec.kwargs)
@@ -298,9 +317,7 @@ class CallProgram:
             return jit_step
         run = rec.runner
         plain = tuple((pos, h.base, h.offset) for pos, h in holes if not isinstance(h, _DescHole))
-        descs = tuple(
-            (pos, h.place.base, h.place.offset, h.desc) for pos, h in holes if isinstance(h, _DescHole)
-        )
+        descs = tuple((pos, h.place.base, h.place.offset, h) for pos, h in holes if isinstance(h, _DescHole))
 
         def direct_step(bases: list, ptrs: list) -> None:
             args = list(template)
@@ -335,9 +352,3 @@ class CallProgram:
         bases = self.bases(roots)
         self.launch(bases)
         return bases[len(roots) : len(roots) + len(self.outputs)]
-
-
-def _replace_base(desc, base: torch.Tensor):
-    import dataclasses
-
-    return dataclasses.replace(desc, base=base)

@@ -308,7 +308,7 @@ def test_a_program_keeps_no_tensor_of_the_recorded_run_alive():
 
 
 def test_a_rebuilt_descriptor_is_what_tritons_launcher_reads():
-    """A TMA descriptor argument is replayed as `program._Desc`: Triton's launcher (its CUDA driver's
+    """A TMA descriptor argument is replayed as an instance of `program._desc_type(hole)`: Triton's launcher (its CUDA driver's
     `make_tensordesc_arg`) reads from it the new base address and the recorded shape, strides and
     padding."""
     driver = pytest.importorskip("triton.backends.nvidia.driver")
@@ -317,7 +317,7 @@ def test_a_rebuilt_descriptor_is_what_tritons_launcher_reads():
 
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    from mxattention.kernels.program import _Desc, _DescHole, _Place, _Ptr
+    from mxattention.kernels.program import _desc_type, _DescHole, _Place, _Ptr
 
     x = torch.empty(64, 128, dtype=BF16)
     recorded = TensorDescriptor(x, [64, 128], [128, 1], [32, 64])
@@ -325,7 +325,7 @@ def test_a_rebuilt_descriptor_is_what_tritons_launcher_reads():
         (f.name, getattr(recorded, f.name)) for f in dataclasses.fields(recorded) if f.name != "base"
     )
     hole = _DescHole(_Place(0, 0, BF16, (64, 128), (128, 1)), TensorDescriptor, rest)
-    replayed = _Desc(_Ptr(4096), hole)
+    replayed = _desc_type(hole)(_Ptr(4096))
     extra = (None,) * (len(inspect.signature(driver.make_tensordesc_arg).parameters) - 2)  # Triton 3.9: 3
     got = driver.make_tensordesc_arg(replayed, None, *extra)
     want = driver.make_tensordesc_arg(recorded, None, *extra)

@@ -167,14 +167,6 @@ class _DescHole:
     cls: type
     fields: tuple[tuple[str, object], ...]
 
-    def __getattr__(self, name: str) -> object:  # shape, strides, block_shape, layout, padding
-        if name in ("place", "cls", "fields"):  # not set yet (a copy being made): no recursion
-            raise AttributeError(name)
-        for key, value in self.fields:
-            if key == name:
-                return value
-        raise AttributeError(name)
-
 
 class _Ptr:
     """An address with the `data_ptr()` Triton's launcher asks a pointer argument or descriptor base for."""
@@ -188,21 +180,16 @@ class _Ptr:
         return self.ptr
 
 
-class _Desc:
-    """A host TMA descriptor at a new address: `base` (what Triton's launcher asks `data_ptr()` of),
-    every other field the recorded descriptor's (shape, strides, padding, ... as this Triton's
-    descriptor class has them)."""
+def _desc_type(hole: _DescHole) -> type:
+    """The class of a replayed TMA descriptor: instances hold `base` (what Triton's launcher asks
+    `data_ptr()` of: a `_Ptr` at the new address), every other field is the recorded descriptor's
+    (shape, strides, padding, ... as this Triton's class has them), read from the class (no
+    per-call copies or look-up hooks: host time)."""
 
-    __slots__ = ("_hole", "base")
-
-    def __init__(self, base: _Ptr, hole: _DescHole) -> None:
+    def __init__(self, base: _Ptr) -> None:
         self.base = base
-        self._hole = hole
 
-    def __getattr__(self, name: str) -> object:
-        if name == "_hole":
-            raise AttributeError(name)
-        return getattr(self._hole, name)
+    return type("_Desc", (), {"__slots__": ("base",), "__init__": __init__, **dict(hole.fields)})
 
 
 def _is_desc(x) -> bool:
@@ -317,14 +304,16 @@ class CallProgram:
             return jit_step
         run = rec.runner
         plain = tuple((pos, h.base, h.offset) for pos, h in holes if not isinstance(h, _DescHole))
-        descs = tuple((pos, h.place.base, h.place.offset, h) for pos, h in holes if isinstance(h, _DescHole))
+        descs = tuple(
+            (pos, h.place.base, h.place.offset, _desc_type(h)) for pos, h in holes if isinstance(h, _DescHole)
+        )
 
         def direct_step(bases: list, ptrs: list) -> None:
             args = list(template)
             for pos, b, off in plain:
                 args[pos] = ptrs[b] + off
-            for pos, b, off, like in descs:
-                args[pos] = _Desc(_Ptr(ptrs[b] + off), like)
+            for pos, b, off, desc in descs:
+                args[pos] = desc(_Ptr(ptrs[b] + off))
             run(args)
 
         return direct_step

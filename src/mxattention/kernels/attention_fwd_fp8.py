@@ -455,12 +455,14 @@ def fp8_operands(
     v_bf16: torch.Tensor,
     scale: float,
     group: int,
-    slots: bool = True,
+    *,
+    slots: bool,
 ):
     """(q8, rowscale, k8, v8t, colscale) from the exact pre-pass's bf16 Q^ [B, Hq, LQP, DQ], K^
     [B, Hkv, LKP, DQ], V^ [B, Hkv, LKP, DVP]: the folded bytes, rowscale fp32 [B, Hq, LQP] =
     scale log2(e) 2**(a_q + a_k), colscale fp32 [B, Hkv, DVP] = 2**a_v. `slots`: V^'s keys in the
-    Gluon kernel's order (`fold_pass`), else in key order (the `tl` kernel's)."""
+    Gluon kernel's order (`fold_pass`), else in key order (the `tl` kernel's); no default: either
+    kernel computes garbage from the other's order."""
     q8, aq = fold_pass(q_bf16, "row")
     k8, ak = fold_pass(k_bf16, "head")
     v8t, av = fold_pass(v_bf16, "column", slots)

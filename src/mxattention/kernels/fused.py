@@ -182,12 +182,12 @@ def run_plan(
     A kernel that does not build here (`specs.BuildFailure`: a Gluon pass, a `tl` forward past
     shared memory) is recorded by the planner, and the plan made again takes the fallback. A cached
     single-chunk plan records its first run as a `program.CallProgram` and replays it after."""
-    table = plan.launches
-    made = None if table is None else table.get(program.PROGRAM_SLOT)
-    if isinstance(made, program.CallProgram):
-        out, lse = made.run((query, key, value, mask))
-        return FusedOutput(cast_output(out, query.dtype), lse, None)
     while True:
+        table = plan.launches
+        made = None if table is None else table.get(program.PROGRAM_SLOT)
+        if isinstance(made, program.CallProgram):
+            out, lse = made.run((query, key, value, mask))
+            return FusedOutput(cast_output(out, query.dtype), lse, None)
         try:
             if (made is None or made < program.ATTEMPTS) and program.eligible(plan):
                 with program.Recording() as rec:
@@ -203,8 +203,6 @@ def run_plan(
             if fallback == plan:  # nothing left to fall back to
                 raise
             plan = fallback
-            table = plan.launches
-            made = None if table is None else table.get(program.PROGRAM_SLOT)
 
 
 def _run_dense(

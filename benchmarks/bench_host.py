@@ -66,6 +66,21 @@ def _host_b2b_ms(fn, reps: int, calls: int = 8) -> float:
     return statistics.median(per_call)
 
 
+def _host_busy_ms(fn, reps: int, cycles: int = 20_000_000) -> float:
+    """Median host ms of one call enqueued while the GPU still runs `torch.cuda._sleep(cycles)`
+    (about 10 ms): the CPU's wake-up after a synchronize is paid by the sleep's enqueue, not by the
+    call, and nothing waits on a full queue."""
+    host = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(cycles)
+        t0 = time.perf_counter()
+        fn()
+        host.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(host)
+
+
 def _diffusers_call(method: str):
     """A function (q, k, v) -> out through the diffusers backend, q/k/v in diffusers' [B, L, H, D]."""
     from diffusers.models.attention_dispatch import attention_backend, dispatch_attention_fn
@@ -114,18 +129,20 @@ def run(args: argparse.Namespace) -> dict:
                 fn()
             host, sync, gpu = _host_ms(fn, args.reps)
             b2b = _host_b2b_ms(fn, args.reps)
+            busy = _host_busy_ms(fn, args.reps)
             rows.append(
                 {
                     "shape": label,
                     "path": name,
                     "host_ms": host,
                     "host_b2b_ms": b2b,
+                    "host_busy_ms": busy,
                     "sync_ms": sync,
                     "gpu_ms": gpu,
                 }
             )
             print(
-                f"{label:14s} {name:18s} host {host:7.3f} ms  b2b {b2b:7.3f} ms  sync {sync:8.3f} ms  gpu {gpu:8.3f} ms"
+                f"{label:14s} {name:18s} host {host:7.3f} ms  b2b {b2b:7.3f} ms  busy {busy:7.3f} ms  sync {sync:8.3f} ms  gpu {gpu:8.3f} ms"
             )
         if args.profile:
             pr = cProfile.Profile()
@@ -209,16 +226,18 @@ def markdown(report: dict) -> str:
         "- B = 1, non-causal, bf16; host = the Python call until it returns (GPU idle before it); "
         "sync = call + torch.cuda.synchronize(); gpu = CUDA events around the call; medians of "
         f"{meta['reps']} calls after 3 warm-up calls; method `{meta['method']}`; host b2b = host time per "
-        "call of 8 calls enqueued back to back (the CPU never waiting on the GPU)",
+        "call of 8 calls enqueued back to back (the CPU never waiting on the GPU); host busy = one call "
+        "enqueued while the GPU runs a ~10 ms `torch.cuda._sleep` (the CPU's wake-up paid before it)",
         "",
-        "| shape | path | host ms | host b2b ms | sync ms | gpu ms | sync vs cuDNN's sync |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| shape | path | host ms | host b2b ms | host busy ms | sync ms | gpu ms | sync vs cuDNN's sync |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     cudnn = {r["shape"]: r["sync_ms"] for r in report["rows"] if r["path"] == "sdpa_cudnn"}
     for r in report["rows"]:
         ratio = cudnn[r["shape"]] / r["sync_ms"]
         lines.append(
             f"| {r['shape']} | {r['path']} | {r['host_ms']:.3f} | {r.get('host_b2b_ms', float('nan')):.3f} "
+            f"| {r.get('host_busy_ms', float('nan')):.3f} "
             f"| {r['sync_ms']:.3f} | {r['gpu_ms']:.3f} | {ratio:.2f}x |"
         )
     if report.get("diffusers_error"):

@@ -82,16 +82,18 @@ def _host_busy_ms(fn, reps: int, cycles: int = 20_000_000) -> float:
 
 
 def _diffusers_call(method: str):
-    """A function (q, k, v) -> out through the diffusers backend, q/k/v in diffusers' [B, L, H, D]."""
-    from diffusers.models.attention_dispatch import attention_backend, dispatch_attention_fn
+    """A function (q, k, v) -> out through the diffusers backend, q/k/v in diffusers' [B, L, H, D],
+    called as diffusers' attention processors call it once a model's `set_attention_backend` chose
+    the backend: `dispatch_attention_fn(..., backend=<its enum member>)` (not under the
+    `attention_backend` context manager, which checks the backend's requirements on every entry)."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, dispatch_attention_fn
 
     from mxattention.integrations import register_diffusers_backend
 
-    name = register_diffusers_backend(method)
+    backend = AttentionBackendName(register_diffusers_backend(method))
 
     def call(q, k, v):
-        with attention_backend(name):
-            return dispatch_attention_fn(q, k, v)
+        return dispatch_attention_fn(q, k, v, backend=backend)
 
     return call
 

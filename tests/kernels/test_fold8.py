@@ -72,46 +72,47 @@ def _nasty(b, hq, hk, lq, lk, d, dv, seed, device):
     v[0, 0, 64:, 1] *= 2.0**-17
     q[0, 0, 3] = 0.0
     q[-1, -1, 5, :7] = 0.0
-    q[0, 1, 7] *= 1e-30 / q[0, 1, 7].abs().max()
-    q[0, 1, 8] *= 1e30 / q[0, 1, 8].abs().max()
-    q[0, 2, 9, 4] = float("nan")
-    q[0, 2, 10, 33 % d] = float("inf")
+    q[0, 1 % hq, 7] *= 1e-30 / q[0, 1 % hq, 7].abs().max()
+    q[0, 0, 8] *= 1e30 / q[0, 0, 8].abs().max()
+    q[0, 0, 9, 4] = float("nan")
+    q[0, -1, 10, 33 % d] = float("inf")
     k[0, 0, 11] *= 1e30 / k[0, 0, 11].abs().max()  # lifts head 0's anchor: Q rows 8 overflow rowscale
     k[0, 0, 12, 2] = -float("inf")
     k[0, 0, 13, 0] = float("nan")
     k[-1, -1] = 1e-33 * torch.randn(lk, d, generator=g)  # a tiny head: its Q rows' rowscale clamps
     v[0, 0, 14, 5] = float("nan")
-    v[0, 1, :, 6] = 0.0  # a zero column
-    v[0, 1, :, 7] = 1e-36 * torch.rand(lk, generator=g)  # column anchor -128: a subnormal colscale
-    if b > 1:
-        k[1, 0] = 0.0  # a zero head: anchor 0
-        v[1, 0] = 0.0
+    v[0, -1, :, 6] = 0.0  # a zero column
+    v[0, -1, :, 7] = 1e-36 * torch.rand(lk, generator=g)  # column anchor -128: a subnormal colscale
+    if b * hk > 2:
+        k[-1, 0] = 0.0  # a zero head: anchor 0
+        v[-1, 0] = 0.0
     if device == "cuda":  # MX values below 2**-126 (the interpreter's bf16 reference flushes them)
-        q[0, 3, 15] *= 1e-38 / q[0, 3, 15].abs().max()
+        q[0, -1, 15] *= 1e-38 / q[0, -1, 15].abs().max()
         v[0, 0, :, 9] *= 1e-40 / v[0, 0, :, 9].abs().max()
     return q.to(device), k.to(device), v.to(device)
 
 
 @pytest.mark.parametrize(
-    "d,dv,hadamard,rules,lm,ln",
+    "heads,d,dv,hadamard,rules,lm,ln,slots",
     [
-        (32, 32, False, ("ocp", "tfs", "uos"), 32, 32),
-        (64, 48, True, ("uos", "uos", "uos"), 64, 32),
-        (128, 128, True, ("uos", 5.3, "ocp"), 128, 128),
+        ((2, 2, 2), 32, 32, False, ("ocp", "tfs", "uos"), 32, 32, (False,)),
+        ((2, 2, 1), 64, 48, True, ("uos", "uos", "uos"), 64, 32, (True,)),
+        ((1, 2, 2), 128, 128, True, ("uos", 5.3, "ocp"), 32, 32, (False, True)),
     ],
 )
-def test_operands_from_inputs_equal_the_bf16_path(d, dv, hadamard, rules, lm, ln, device):
-    """GQA (2 query heads per KV head), two batches, lengths 45 / 100 padded to other multiples."""
-    q, k, v = _nasty(2, 4, 2, 45, 100, d, dv, seed=d, device=device)
-    old = _old(q, k, v, rules, hadamard, 0.125, lm, ln, (False, True))
-    for slots, ref in zip((False, True), old, strict=True):
+def test_operands_from_inputs_equal_the_bf16_path(heads, d, dv, hadamard, rules, lm, ln, slots, device):
+    """Batches x query heads x KV heads `heads` (GQA: group 2), lengths 45 / 70 padded to multiples
+    of 32 or 64; V^ in the `tl` kernel's key order, the Gluon kernel's, or both."""
+    q, k, v = _nasty(*heads, 45, 70, d, dv, seed=d, device=device)
+    old = _old(q, k, v, rules, hadamard, 0.125, lm, ln, slots)
+    for slots, ref in zip(slots, old, strict=True):
         _assert_same(ref, _new(q, k, v, rules, hadamard, 0.125, lm, ln, slots), f"slots={slots}")
     # Inputs of every kind reached the fold: NaN bytes, rows and columns of zeros, rowscale clamped
     # and overflowed, a subnormal colscale, inexact folds (V blocks 15 and more binades down).
     q8, rowscale, k8, v8t, colscale = old[0]
     assert _bits(q8).eq(0x7F).any() and _bits(k8).eq(0x7F).any() and _bits(v8t).eq(0x7F).any()
     assert (rowscale == 2.0**-126).any() and rowscale.isinf().any()
-    assert (colscale[0, 1, 7] < 2.0**-126).item() and colscale[0, 1, 7] > 0
+    assert (colscale[0, -1, 7] < 2.0**-126).item() and colscale[0, -1, 7] > 0
     assert fake_quantize(v.float().cpu(), -2, rule=rules[2])[0, 0, 32:64].ne(0).any()
 
 

@@ -28,7 +28,6 @@ from mxattention.kernels.prepass import (
     qk_pass,
     v_pass,
 )
-from mxattention.rotation import rotate
 
 NAMES = ("q8", "rowscale", "k8", "v8t", "colscale")
 
@@ -105,8 +104,8 @@ def test_operands_from_inputs_equal_the_bf16_path(heads, d, dv, hadamard, rules,
     of 32 or 64; V^ in the `tl` kernel's key order, the Gluon kernel's, or both."""
     q, k, v = _nasty(*heads, 45, 70, d, dv, seed=d, device=device)
     old = _old(q, k, v, rules, hadamard, 0.125, lm, ln, slots)
-    for slots, ref in zip(slots, old, strict=True):
-        _assert_same(ref, _new(q, k, v, rules, hadamard, 0.125, lm, ln, slots), f"slots={slots}")
+    for order, ref in zip(slots, old, strict=True):
+        _assert_same(ref, _new(q, k, v, rules, hadamard, 0.125, lm, ln, order), f"slots={order}")
     # Inputs of every kind reached the fold: NaN bytes, rows and columns of zeros, rowscale clamped
     # and overflowed, a subnormal colscale, inexact folds (V blocks 15 and more binades down).
     q8, rowscale, k8, v8t, colscale = old[0]
@@ -116,7 +115,9 @@ def test_operands_from_inputs_equal_the_bf16_path(heads, d, dv, hadamard, rules,
     assert fake_quantize(v.float().cpu(), -2, rule=rules[2])[0, 0, 32:64].ne(0).any()
 
 
-@pytest.mark.parametrize("scale", [0.125, 0.0, -0.5, math.inf, -math.inf, math.nan, 1e-45, 1e-40, 3e38, 1e300])
+@pytest.mark.parametrize(
+    "scale", [0.125, 0.0, -0.5, math.inf, -math.inf, math.nan, 1e-45, 1e-40, 3e38, 1e300]
+)
 def test_rowscale_for_every_scale(scale, device):
     """rowscale = max(fp32(scale log2 e) 2**(a_q + a_k), 2**-126) for degenerate and subnormal
     score constants too (`prepass.score_scale_parts`), with anchors from 2**-100 to 2**100."""

@@ -2,10 +2,13 @@
 
 Exposes `fp8_reason` (why a call of a fast config does not run here), `fold_pass` (the bf16 Q^ /
 K^ / V^ of the exact pre-pass folded into one-byte E4M3 with their anchors), `fp8_operands`
-(the three of a chunk, with the per-row score scale and the per-column output scale) and
+(the three of a chunk from the bf16 pre-pass, with the per-row score scale and the per-column output
+scale: the reference path), `fp8_operands_from_inputs` (the same bytes straight from Q, K, V: the Q^
+fold inside the pre-pass, K^ / V^ from packed MX bytes by `fold_packed`; the planned path) and
 `mx_attention_fwd_fp8` (the attention kernel). `fused.run_plan` calls `run_chunk_fp8` for a plan
 whose `mma` is "fp8". docs/fast_mode.md says what is computed and why; `attention.fast` is its
-emulation, which the tests compare this kernel with.
+emulation, which the tests compare this kernel with. The fold's device functions live in
+`kernels.fold8` (the pre-pass uses them too).
 
 - Fold (`formats.fold`): each value x of Q^ (per row), K^ (per KV head) and V^ (per column)
   becomes f = E4M3(x 2**-a), a = floor(log2 max|x| of its group) - 8, computed from the exact bf16
@@ -518,8 +521,11 @@ def fp8_operands_from_inputs(
 ):
     """`fp8_operands` of the exact pre-pass of query [B, Hq, Lq, D], key [B, Hkv, Lk, D], value
     [B, Hkv, Lk, Dv] (rules: the (Q, K, V) scale rules; E2M1), bit for bit, without the bf16 Q^, K^,
-    V^: 6 launches, 11.1 bytes per element of Q, K and V where `fp8_operands` after the bf16
-    pre-pass takes ~25 launches and 25 bytes (counted at (1, 40, 16384, 16384, 128)):
+    V^ (tests/kernels/test_fold8.py). 6 launches (5 Triton kernels, 1 fill) where the bf16 pre-pass
+    and `fp8_operands` take 25 (10 Triton kernels, 15 torch ops: amax / where per anchor reduction,
+    rowscale's and colscale's float64 arithmetic), counted by dispatch on the interpreter; and per
+    element of (1, 40, 16384, 16384, 128) bf16 (bytes moved / elements of one of Q, K, V) 11.2 bytes
+    where they take 25.7 (counted, not measured):
 
     - one int32 buffer of the K^ head and V^ column anchors, filled with NO_ANCHOR (1 launch);
     - K and V pre-passes writing packed MX bytes (0.53 B/element) and their anchors by atomic maxima
@@ -529,8 +535,9 @@ def fp8_operands_from_inputs(
     - the K^ and V^ folds from the packed bytes (0.53 B read, 1 B written; V^'s writes colscale)
       (`fold_packed`, 2 launches).
 
-    Per element: Q 2 + 1, K and V 2 + 0.53 + 0.53 + 1 each: 11.1 B, where the bf16 pre-pass and
-    `fold_pass` move Q 2 + 2 + 2 + 1, K and V 2 + 2 + 2 (anchor pass) + 2 + 1 each: 25 B.
+    Per element: Q 2 + 1 (+ rowscale 0.03), K 2 + 0.53 + 0.53 + 1, V the same + 0.06 of atomics:
+    11.2 B; the bf16 path: Q 2 + 2 + 2 + 1 (+ 0.03), K 2 + 2 + 2 (anchor pass) + 2 + 1 (+ 0.06), V
+    the same (+ 0.25: partial column anchors), ~0.4 in rowscale's float64 ops: 25.7 B.
     `slots`: V^'s key order, as `fp8_operands`. Dense calls only (no varlen, no Q smoothing)."""
     from mxattention.kernels.prepass import padded_dim, prepass_k_anchored, prepass_q_fold8, prepass_v
 

@@ -1,6 +1,7 @@
 """The pre-pass: one read of Q, K, V; rotation and MXFP4 cast in registers; packed bytes out.
 
-Exposes `padded_dim`, `padded_len`, `prepass_qk` and `prepass_v`, and the pass plans
+Exposes `padded_dim`, `padded_len`, `prepass_qk`, `prepass_v`, the fast mode's `prepass_q_fold8`,
+`prepass_k_anchored` and `score_scale_parts`, and the pass plans
 (`PassPlan`, `qk_pass`, `v_pass`: which kernel and tiles each pass takes, asked once per call by
 `plan.plan_call`).
 
@@ -19,6 +20,11 @@ Exposes `padded_dim`, `padded_len`, `prepass_qk` and `prepass_v`, and the pass p
   `fake_quantize`'s values (each has 2 significant bits and fp32's exponent range, as bf16). The
   attention kernel's Hopper path reads K^ and V^ this way: decoding bytes in its inner loop costs
   more integer work than the two GEMMs leave room for (benchmarks/NOTES.md).
+
+The fast mode's passes (docs/fast_mode.md; `attention_fwd_fp8.fp8_operands_from_inputs`):
+`prepass_q_fold8` (Q^ folded into E4M3 bytes in the pass, with each row's score factor),
+`prepass_k_anchored` (packed K^ and its heads' fold anchors) and `prepass_v(anchors=)` (packed V^
+and its columns' anchors); always the `tl` kernel, planned with `qk_pass(fold=)` / `v_pass(anchors=)`.
 
 On sm_90 the rotated passes at head dim 128 (the Hopper path's bf16 K^ and the packed Q^) run as
 the Gluon kernels of `prepass_hopper` instead: same bytes, ~10 % faster each.

@@ -215,3 +215,23 @@ def test_fast_mode_passes_are_planned_tl_and_refuse_other_plans(monkeypatch):
         prepass_v(x, "uos", pass_plan=va)
     with pytest.raises(ValueError, match="anchors"):
         prepass_v(x, "uos", out_bf16=True, anchors=torch.zeros(256, dtype=torch.int32))
+
+
+def test_planned_passes_other_tiles_same_bytes(device):
+    """`fp8_operands_from_inputs` runs the passes it is given (the planner's, with other tiles here:
+    the same bytes) and refuses a pass planned for another output."""
+    q, k, v = _nasty(1, 2, 1, 45, 70, 64, 64, seed=9, device=device)
+    rules = ("uos",) * 3
+    want = _new(q, k, v, rules, True, 0.125, 64, 32, True)
+    tiles = prepass.PREPASS_TILES | {"qk_rows": (32, 1), "v_packed": (32, 1)}
+    common = dict(hadamard=True, out_bf16=False, elem="e2m1", smoothed=False, tiles=tiles)
+    passes = (
+        qk_pass(q, 64, **common, fold="q"),
+        qk_pass(k, 96, **common, fold="k"),
+        v_pass(v, 96, out_bf16=False, elem="e2m1", anchors=True, tiles=tiles),
+    )
+    assert [p.rows for p in passes] == [32, 32, 32]
+    kw = dict(hadamard=True, scale=0.125, q_len_multiple=64, k_len_multiple=32, slots=True)
+    _assert_same(want, fp8_operands_from_inputs(q, k, v, rules, **kw, passes=passes))
+    with pytest.raises(ValueError, match="pass_plan"):
+        fp8_operands_from_inputs(q, k, v, rules, **kw, passes=(passes[1], passes[1], passes[2]))

@@ -518,6 +518,7 @@ def fp8_operands_from_inputs(
     q_len_multiple: int,
     k_len_multiple: int,
     slots: bool,
+    passes: tuple = (None, None, None),
 ):
     """`fp8_operands` of the exact pre-pass of query [B, Hq, Lq, D], key [B, Hkv, Lk, D], value
     [B, Hkv, Lk, Dv] (rules: the (Q, K, V) scale rules; E2M1), bit for bit, without the bf16 Q^, K^,
@@ -538,7 +539,9 @@ def fp8_operands_from_inputs(
     Per element: Q 2 + 1 (+ rowscale 0.03), K 2 + 0.53 + 0.53 + 1, V the same + 0.06 of atomics:
     11.2 B; the bf16 path: Q 2 + 2 + 2 + 1 (+ 0.03), K 2 + 2 + 2 (anchor pass) + 2 + 1 (+ 0.06), V
     the same (+ 0.25: partial column anchors), ~0.4 in rowscale's float64 ops: 25.7 B.
-    `slots`: V^'s key order, as `fp8_operands`. Dense calls only (no varlen, no Q smoothing)."""
+    `slots`: V^'s key order, as `fp8_operands`. `passes`: the (Q^, K^, V^) `prepass.PassPlan`s, each
+    a fast-mode pass (`qk_pass(fold="q")`, `qk_pass(fold="k")`, `v_pass(anchors=True)`; a plan for
+    another output raises) or None (planned here). Dense calls only (no varlen, no Q smoothing)."""
     from mxattention.kernels.prepass import padded_dim, prepass_k_anchored, prepass_q_fold8, prepass_v
 
     q_rule, k_rule, v_rule = rules
@@ -546,11 +549,15 @@ def fp8_operands_from_inputs(
     dvp = padded_dim(value.shape[3])
     anchors = torch.full((b * hk * (1 + dvp),), NO_ANCHOR, dtype=torch.int32, device=key.device)
     ak, av = anchors[: b * hk], anchors[b * hk :]
-    kc, ks = prepass_k_anchored(key, k_rule, hadamard=hadamard, anchors=ak, len_multiple=k_len_multiple)
-    vc, vs = prepass_v(value, v_rule, len_multiple=k_len_multiple, anchors=av)
-    q8, rowscale = prepass_q_fold8(
-        query, q_rule, hadamard=hadamard, kv_anchors=ak, scale=scale, len_multiple=q_len_multiple
+    q_pass, k_pass, v_pass = passes
+    kc, ks = prepass_k_anchored(
+        key, k_rule, hadamard=hadamard, anchors=ak, len_multiple=k_len_multiple, pass_plan=k_pass
     )
+    vc, vs = prepass_v(value, v_rule, len_multiple=k_len_multiple, anchors=av, pass_plan=v_pass)
+    q8, rowscale = prepass_q_fold8(
+        query, q_rule, hadamard=hadamard, kv_anchors=ak, scale=scale, len_multiple=q_len_multiple,
+        pass_plan=q_pass,
+    )  # fmt: skip
     k8, _ = fold_packed(kc, ks, ak, columns=False)
     v8t, colscale = fold_packed(vc, vs, av, columns=True, slots=slots)
     return q8, rowscale, k8, v8t, colscale
@@ -657,14 +664,20 @@ def run_chunk_fp8(plan, chunk, query, key, value, out, lse, dbg, mask, is_causal
     """`fused._run_chunk` for a plan whose `mma` is "fp8": the fast mode's pre-passes and folds
     (`fp8_operands_from_inputs`), the FP8 kernel (the plan's: this `tl` one, or the Gluon one on sm_90); writes this chunk's slices of out, lse (and dbg); returns the
     operands, which the caller keeps referenced while the kernel may read them."""
+    from mxattention.kernels.prepass import FOLD_OUTS, V_ANCHORED_OUT
+
     lq, hk, lk, dv = query.shape[2], key.shape[1], key.shape[2], value.shape[3]
     group = query.shape[1] // hk
     (b0, b1), (h0, h1) = chunk.batches, chunk.kv_heads
     bs, kv, qh = slice(b0, b1), slice(h0, h1), slice(h0 * group, h1 * group)
     lm, ln = max(plan.block_m, 128), max(plan.block_n, 128)
+    # The chunk's passes where the planner planned the fast mode's own (it may plan the exact path's,
+    # which write other outputs): those are planned here.
+    fast_outs = (*FOLD_OUTS.values(), V_ANCHORED_OUT)
+    passes = tuple(p if p.out in fast_outs else None for p in (chunk.q_pass, chunk.k_pass, chunk.v_pass))
     ops = fp8_operands_from_inputs(
         query[bs, qh], key[bs, kv], value[bs, kv], plan.rules, hadamard=plan.hadamard, scale=plan.scale,
-        q_len_multiple=lm, k_len_multiple=ln, slots=plan.fwd_kernel == "gluon",
+        q_len_multiple=lm, k_len_multiple=ln, slots=plan.fwd_kernel == "gluon", passes=passes,
     )  # fmt: skip
     if plan.fwd_kernel == "gluon":  # the warp-specialized sm_90 kernel (`attention_fwd_hopper_fp8`)
         from mxattention.kernels.attention_fwd_hopper_fp8 import mx_attention_fwd_hopper_fp8

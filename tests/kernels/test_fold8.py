@@ -96,12 +96,13 @@ def _nasty(b, hq, hk, lq, lk, d, dv, seed, device):
     [
         ((2, 2, 2), 32, 32, False, ("ocp", "tfs", "uos"), 32, 32, (False,)),
         ((2, 2, 1), 64, 48, True, ("uos", "uos", "uos"), 64, 32, (True,)),
-        ((1, 2, 2), 128, 128, True, ("uos", 5.3, "ocp"), 32, 32, (False, True)),
+        ((1, 2, 2), 128, 128, True, ("uos", 5.3, "ocp"), 32, 64, (False, True)),
     ],
 )
 def test_operands_from_inputs_equal_the_bf16_path(heads, d, dv, hadamard, rules, lm, ln, slots, device):
     """Batches x query heads x KV heads `heads` (GQA: group 2), lengths 45 / 70 padded to multiples
-    of 32 or 64; V^ in the `tl` kernel's key order, the Gluon kernel's, or both."""
+    of 32 or 64 (V^'s fold in programs of 32 and 64 keys); V^ in the `tl` kernel's key order, the
+    Gluon kernel's, or both."""
     q, k, v = _nasty(*heads, 45, 70, d, dv, seed=d, device=device)
     old = _old(q, k, v, rules, hadamard, 0.125, lm, ln, slots)
     for order, ref in zip(slots, old, strict=True):

@@ -235,9 +235,11 @@ def fold_packed(
     shape = (b, h, dp, lp) if columns else (b, h, lp, dp)
     f = torch.empty(shape, dtype=torch.float8_e4m3fn, device=dev)
     colscale = torch.empty((b, h, dp), dtype=torch.float32, device=dev) if columns else None
-    _fold_packed_kernel[(lp // FOLD_ROWS, b * h)](
-        codes, scales, f, anchors, f if colscale is None else colscale, lp, DP=dp, BL=FOLD_ROWS,
-        COLUMNS=columns, SLOTS=slots,
+    # V^: 64 keys per program where they divide, so that each row's codes are a whole 32-byte sector.
+    bl = 2 * FOLD_ROWS if columns and lp % (2 * FOLD_ROWS) == 0 else FOLD_ROWS
+    _fold_packed_kernel[(lp // bl, b * h)](
+        codes, scales, f, anchors, f if colscale is None else colscale, lp, DP=dp, BL=bl, COLUMNS=columns,
+        SLOTS=slots,
     )  # fmt: skip
     return f, colscale
 

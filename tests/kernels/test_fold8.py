@@ -94,7 +94,7 @@ def _nasty(b, hq, hk, lq, lk, d, dv, seed, device):
 @pytest.mark.parametrize(
     "heads,d,dv,hadamard,rules,lm,ln,slots",
     [
-        ((2, 2, 2), 32, 32, False, ("ocp", "tfs", "uos"), 32, 32, (False,)),
+        ((2, 2, 2), 48, 40, False, ("ocp", "tfs", "uos"), 32, 32, (False,)),
         ((2, 2, 1), 64, 48, True, ("uos", "uos", "uos"), 64, 32, (True,)),
         ((1, 2, 2), 128, 128, True, ("uos", 5.3, "ocp"), 32, 64, (False, True)),
     ],

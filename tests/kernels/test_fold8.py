@@ -97,6 +97,7 @@ def _nasty(b, hq, hk, lq, lk, d, dv, seed, device):
         ((2, 2, 2), 48, 40, False, ("ocp", "tfs", "uos"), 32, 32, (False,)),
         ((2, 2, 1), 64, 48, True, ("uos", "uos", "uos"), 64, 32, (True,)),
         ((1, 2, 2), 128, 128, True, ("uos", 5.3, "ocp"), 32, 64, (False, True)),
+        ((1, 2, 2), 256, 32, True, ("uos", "uos", "uos"), 32, 32, (False,)),  # Q^ / K^ passes in tiles
     ],
 )
 def test_operands_from_inputs_equal_the_bf16_path(heads, d, dv, hadamard, rules, lm, ln, slots, device):

@@ -2,10 +2,13 @@
 
 Exposes `fp8_reason` (why a call of a fast config does not run here), `fold_pass` (the bf16 Q^ /
 K^ / V^ of the exact pre-pass folded into one-byte E4M3 with their anchors), `fp8_operands`
-(the three of a chunk, with the per-row score scale and the per-column output scale) and
+(the three of a chunk from the bf16 pre-pass, with the per-row score scale and the per-column output
+scale: the reference path), `fp8_operands_from_inputs` (the same bytes straight from Q, K, V: the Q^
+fold inside the pre-pass, K^ / V^ from packed MX bytes by `fold_packed`; the planned path) and
 `mx_attention_fwd_fp8` (the attention kernel). `fused.run_plan` calls `run_chunk_fp8` for a plan
 whose `mma` is "fp8". docs/fast_mode.md says what is computed and why; `attention.fast` is its
-emulation, which the tests compare this kernel with.
+emulation, which the tests compare this kernel with. The fold's device functions live in
+`kernels.fold8` (the pre-pass uses them too).
 
 - Fold (`formats.fold`): each value x of Q^ (per row), K^ (per KV head) and V^ (per column)
   becomes f = E4M3(x 2**-a), a = floor(log2 max|x| of its group) - 8, computed from the exact bf16
@@ -36,19 +39,25 @@ from mxattention.kernels.attention_fwd import LOG2E, MASK_ADD, MASK_BOOL, MASK_N
 from mxattention.kernels.cast import _ladder_step_round as ladder_step_round
 from mxattention.kernels.cast import (
     block_scale,
+    dequant_e2m1,
     e2m1_round,
     e4m3_round,
-    elem_code,
     exp2_ftz,
-    exp2_int,
-    floor_log2_mantissa,
+)
+from mxattention.kernels.fold8 import (
+    NO_ANCHOR,
+    anchor_of,
+    anchor_or_zero,
+    e4m3_bytes,
+    finite_abs,
+    fold_values,
+    key_slot,
+    pow2_bits,
 )
 from mxattention.kernels.online_softmax import finish_lse
 
-FOLD_TOP = 8  # formats.fold.FOLD_TOP: a group's largest value folds to 256 or 384
 P_FOLD = 256.0  # 2**formats.fold.P_FOLD_EXP
 FP32_TINY_HOST = 2.0**-126  # fp32's smallest normal: the least score factor (`fp8_operands`)
-NO_ANCHOR = -(2**20)  # the anchor pass's value for a group of zeros: below every real anchor
 FOLD_ROWS = 32  # rows per program of the fold passes
 # P~'s rounding onto E4M3 by the hardware conversion (`targets.hw_e4m3_cast`) is off: on the H200
 # (Triton 3.6, 2026-12-03, benchmarks/check_fp8_gpu.py's row-sum case, V = identity on outlier-heavy
@@ -67,55 +76,6 @@ def fp8_reason(varlen: bool, smooth_q: bool, debug_p: bool = False) -> str | Non
     return None
 
 
-@triton.jit
-def _finite_abs(x):
-    """|x| with NaN / Inf as 0: the anchors ignore values that are not finite."""
-    a = tl.abs(x)
-    return tl.where(a < float("inf"), a, 0.0)
-
-
-@triton.jit
-def _anchor_of(amax):
-    """floor(log2 amax) - FOLD_TOP (int32) for fp32 amax >= 0, NO_ANCHOR for amax = 0."""
-    e, _m = floor_log2_mantissa(tl.where(amax > 0, amax, 1.0))
-    return tl.where(amax > 0, e - 8, -1048576)
-
-
-@triton.jit
-def _fold_values(x, a):
-    """E4M3 values of x 2**-a (fp32, signed; NaN kept): two exact power-of-two multiplies (each
-    half of -a within [-68, 68]), then round to nearest even on E4M3 by the float adder."""
-    na = -a
-    h = tl.where(na >= 0, na // 2, -((-na + 1) // 2))
-    f = x * exp2_int(h) * exp2_int(na - h)
-    r = e4m3_round(tl.abs(f))
-    return tl.where(f < 0, -r, r)
-
-
-@triton.jit
-def _e4m3_bytes(r, BY_BITS: tl.constexpr):
-    """float8e4nv of fp32 E4M3 values r (exact, |r| <= 448, or NaN). BY_BITS: the byte built from
-    the bits (`cast.elem_code`, the sign, 0x7F for NaN), the same on every target (Triton 3.9's
-    interpreter converts NaN to 256); else the target's conversion, exact on such values."""
-    if BY_BITS:
-        code = elem_code(tl.abs(r), "e4m3") + tl.where(r < 0, 128, 0)
-        code = tl.where(r != r, 0x7F, code)
-        return code.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
-    else:
-        return r.to(tl.float8e4nv)
-
-
-@triton.jit
-def key_slot(n):
-    """Where key n sits in the transposed V^ (int32, within its 32-key block): bits (i1 i0 t1 t0 e)
-    of n % 32 become (i1 t1 t0 i0 e). It is the column order in which Hopper's FP8 wgmma A operand
-    (k_width 4) holds a row of P~ when each thread keeps the values the accumulator of S gave it, so
-    the Gluon kernel hands P~ to the P~ V^ wgmma without moving values between lanes
-    (`attention_fwd_hopper_fp8._key_slots`); the `tl` kernel's V^ keeps the keys' order (a gather
-    through key_slot made its loads 8x slower on the H200)."""
-    return (n & -32) | (n & 17) | (((n >> 3) & 1) << 1) | (((n >> 1) & 3) << 2)
-
-
 def key_slots(n: torch.Tensor) -> torch.Tensor:
     """`key_slot` on the host (int64 tensors): V8t[..., key_slots(k)] is key k's column."""
     return (n & -32) | (n & 17) | (((n >> 3) & 1) << 1) | (((n >> 1) & 3) << 2)
@@ -131,9 +91,9 @@ def _fold_anchor_kernel(X, A, L, DP: tl.constexpr, BL: tl.constexpr, PER_ROW: tl
     cols = tl.arange(0, DP)
     x = tl.load(X + (bh * L + rows[:, None]) * DP + cols[None, :]).to(tl.float32)
     if PER_ROW:
-        tl.store(A + bh * L + rows, _anchor_of(tl.max(_finite_abs(x), 1)))
+        tl.store(A + bh * L + rows, anchor_of(tl.max(finite_abs(x), 1)))
     else:
-        tl.store(A + (bh * (L // BL) + pid) * DP + cols, _anchor_of(tl.max(_finite_abs(x), 0)))
+        tl.store(A + (bh * (L // BL) + pid) * DP + cols, anchor_of(tl.max(finite_abs(x), 0)))
 
 
 @triton.jit
@@ -158,7 +118,7 @@ def _fold_kernel(
     cols = tl.arange(0, DP)
     x = tl.load(X + (bh * L + rows[:, None]) * DP + cols[None, :]).to(tl.float32)
     if ANCHORS == 0:
-        a = _anchor_of(tl.max(_finite_abs(x), 1))
+        a = anchor_of(tl.max(finite_abs(x), 1))
         a = tl.where(a == -1048576, 0, a)
         tl.store(A + bh * L + rows, a)
         a = a[:, None]
@@ -166,7 +126,7 @@ def _fold_kernel(
         a = tl.load(A + bh)
     else:
         a = tl.load(A + bh * DP + cols)[None, :]
-    f = _e4m3_bytes(_fold_values(x, a), True)
+    f = e4m3_bytes(fold_values(x, a), True)
     if TRANS and SLOTS:  # V^: keys in `key_slot` order within each block of 32 (rows: one such block)
         tl.store(F + (bh * DP + cols[None, :]) * L + key_slot(rows)[:, None], f)
     elif TRANS:
@@ -207,6 +167,81 @@ def fold_pass(x: torch.Tensor, anchors: str, slots: bool = True) -> tuple[torch.
     f = torch.empty((b, h, dp, lp), dtype=torch.float8_e4m3fn, device=dev)
     _fold_kernel[grid](x, f, a, lp, DP=dp, BL=FOLD_ROWS, ANCHORS=2, TRANS=True, SLOTS=slots)
     return f, a
+
+
+@triton.jit
+def _fold_packed_kernel(
+    Codes,
+    Scales,
+    F,
+    A,
+    ColScale,
+    L,
+    DP: tl.constexpr,
+    BL: tl.constexpr,
+    COLUMNS: tl.constexpr,
+    SLOTS: tl.constexpr,
+):
+    """F = E4M3(x 2**-a) of the MX values x of packed E2M1 codes + E8M0 bytes (`prepass` output),
+    decoded exactly (`cast.dequant_e2m1`: the values `prepass(out_bf16=True)` writes, as fp32).
+    COLUMNS false (K^): Codes [BH, L, DP / 2], Scales [BH, L, DP / 32], one anchor per head from
+    A [BH], F [BH, L, DP]. COLUMNS (V^, keys last): Codes [BH, DP, L / 2], Scales [BH, DP, L / 32],
+    one anchor per column from A [BH, DP], F [BH, DP, L] (SLOTS: keys in `key_slot` order within
+    each block of 32); the first program of each head writes ColScale [BH, DP] = 2**a (fp32, the
+    host's `pow2_f32`). A holds the pre-pass's atomic maxima (NO_ANCHOR: a group of zeros, folded
+    with 0). Each program: BL rows of K^ or BL keys of V^."""
+    pid = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    if COLUMNS:
+        d = tl.arange(0, DP)[:, None]
+        crow = (bh * DP + d) * (L // 2) + pid * (BL // 2)
+        srow = (bh * DP + d) * (L // 32) + pid * (BL // 32)
+        codes = tl.load(Codes + crow + tl.arange(0, BL // 2)[None, :])
+        scales = tl.load(Scales + srow + tl.arange(0, BL // 32)[None, :])
+        x = dequant_e2m1(codes, scales, DP, BL)  # [DP, BL]
+        a = anchor_or_zero(tl.load(A + bh * DP + tl.arange(0, DP)))
+        f = e4m3_bytes(fold_values(x, a[:, None]), True)
+        keys = pid * BL + tl.arange(0, BL)
+        if SLOTS:
+            keys = key_slot(keys)
+        tl.store(F + (bh * DP + d) * L + keys[None, :], f)
+        if pid == 0:
+            tl.store(ColScale + bh * DP + tl.arange(0, DP), pow2_bits(a))
+    else:
+        rows = (bh * L + pid * BL + tl.arange(0, BL))[:, None]
+        codes = tl.load(Codes + rows * (DP // 2) + tl.arange(0, DP // 2)[None, :])
+        scales = tl.load(Scales + rows * (DP // 32) + tl.arange(0, DP // 32)[None, :])
+        x = dequant_e2m1(codes, scales, BL, DP)
+        a = anchor_or_zero(tl.load(A + bh))
+        tl.store(F + rows * DP + tl.arange(0, DP)[None, :], e4m3_bytes(fold_values(x, a), True))
+
+
+def fold_packed(
+    codes: torch.Tensor, scales: torch.Tensor, anchors: torch.Tensor, *, columns: bool, slots: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(F, colscale) from the anchored pre-pass's packed K^ (`prepass.prepass_k_anchored`: codes
+    [B, H, Lp, Dp / 2], anchors [B * H]; F [B, H, Lp, Dp], colscale None) or V^
+    (`prepass.prepass_v(anchors=...)`, columns: codes [B, H, Dp, Lp / 2], anchors [B * H * Dp]; F
+    [B, H, Dp, Lp] with `slots` as `fold_pass`, colscale fp32 [B, H, Dp] = 2**a_v): the bytes
+    `fold_pass` makes from the bf16 pre-pass, bit for bit, from 0.53 bytes per element instead of 2
+    (and no anchor pass: the pre-pass's atomic maxima)."""
+    b, h = codes.shape[:2]
+    dp = 32 * scales.shape[3] if not columns else codes.shape[2]
+    lp = codes.shape[2] if not columns else 2 * codes.shape[3]
+    assert (
+        lp % FOLD_ROWS == 0 and codes.is_contiguous() and scales.is_contiguous() and anchors.is_contiguous()
+    )
+    dev = codes.device
+    shape = (b, h, dp, lp) if columns else (b, h, lp, dp)
+    f = torch.empty(shape, dtype=torch.float8_e4m3fn, device=dev)
+    colscale = torch.empty((b, h, dp), dtype=torch.float32, device=dev) if columns else None
+    # V^: 64 keys per program where they divide, so that each row's codes are a whole 32-byte sector.
+    bl = 2 * FOLD_ROWS if columns and lp % (2 * FOLD_ROWS) == 0 else FOLD_ROWS
+    _fold_packed_kernel[(lp // bl, b * h)](
+        codes, scales, f, anchors, f if colscale is None else colscale, lp, DP=dp, BL=bl, COLUMNS=columns,
+        SLOTS=slots,
+    )  # fmt: skip
+    return f, colscale
 
 
 def pow2_f32(e: torch.Tensor, c: float = 1.0) -> torch.Tensor:
@@ -344,7 +379,7 @@ def _fp8_tile(
         f3 = e4m3_round(r3)
         f = tl.reshape(f3, [BM, BN])
         # (EXP_FLUSH is set on the interpreter, whose float8 conversion of NaN is wrong: bytes by bits there)
-        p8 = _e4m3_bytes(f, EXP_FLUSH)
+        p8 = e4m3_bytes(f, EXP_FLUSH)
     if DEBUG_P:
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         unfold = tl.where(fp8_shift(m_use) != m_use, 0.00390625, 1.0)  # the factor of `fp8_shift`
@@ -474,6 +509,62 @@ def fp8_operands(
     return q8, rowscale, k8, v8t, pow2_f32(av)
 
 
+def fp8_operands_from_inputs(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    rules: tuple,
+    *,
+    hadamard: bool,
+    scale: float,
+    q_len_multiple: int,
+    k_len_multiple: int,
+    slots: bool,
+    passes: tuple = (None, None, None),
+):
+    """`fp8_operands` of the exact pre-pass of query [B, Hq, Lq, D], key [B, Hkv, Lk, D], value
+    [B, Hkv, Lk, Dv] (rules: the (Q, K, V) scale rules; E2M1), bit for bit, without the bf16 Q^, K^,
+    V^ (tests/kernels/test_fold8.py). 6 launches (5 Triton kernels, 1 fill) where the bf16 pre-pass
+    and `fp8_operands` take 25 (10 Triton kernels, 15 torch ops: amax / where per anchor reduction,
+    rowscale's and colscale's float64 arithmetic), counted by dispatch on the interpreter; and per
+    element of (1, 40, 16384, 16384, 128) bf16 (bytes moved / elements of one of Q, K, V) 11.2 bytes
+    where they take 25.7 (counted, not measured):
+
+    - one int32 buffer of the K^ head and V^ column anchors, filled with NO_ANCHOR (1 launch);
+    - K and V pre-passes writing packed MX bytes (0.53 B/element) and their anchors by atomic maxima
+      (`prepass.prepass_k_anchored`, `prepass_v(anchors=)`), reading the inputs (2 B) (2 launches);
+    - the Q pre-pass folding each row in registers: E4M3 bytes (1 B), rowscale from the K^ anchors
+      (`prepass.prepass_q_fold8`), reading Q (2 B) (1 launch);
+    - the K^ and V^ folds from the packed bytes (0.53 B read, 1 B written; V^'s writes colscale)
+      (`fold_packed`, 2 launches).
+
+    Per element: Q 2 + 1 (+ rowscale 0.03), K 2 + 0.53 + 0.53 + 1, V the same + 0.06 of atomics:
+    11.2 B; the bf16 path: Q 2 + 2 + 2 + 1 (+ 0.03), K 2 + 2 + 2 (anchor pass) + 2 + 1 (+ 0.06), V
+    the same (+ 0.25: partial column anchors), ~0.4 in rowscale's float64 ops: 25.7 B.
+    `slots`: V^'s key order, as `fp8_operands`. `passes`: the (Q^, K^, V^) `prepass.PassPlan`s, each
+    a fast-mode pass (`qk_pass(fold="q")`, `qk_pass(fold="k")`, `v_pass(anchors=True)`; a plan for
+    another output raises) or None (planned here). Dense calls only (no varlen, no Q smoothing)."""
+    from mxattention.kernels.prepass import padded_dim, prepass_k_anchored, prepass_q_fold8, prepass_v
+
+    q_rule, k_rule, v_rule = rules
+    b, hk = key.shape[:2]
+    dvp = padded_dim(value.shape[3])
+    anchors = torch.full((b * hk * (1 + dvp),), NO_ANCHOR, dtype=torch.int32, device=key.device)
+    ak, av = anchors[: b * hk], anchors[b * hk :]
+    q_pass, k_pass, v_pass = passes
+    kc, ks = prepass_k_anchored(
+        key, k_rule, hadamard=hadamard, anchors=ak, len_multiple=k_len_multiple, pass_plan=k_pass
+    )
+    vc, vs = prepass_v(value, v_rule, len_multiple=k_len_multiple, anchors=av, pass_plan=v_pass)
+    q8, rowscale = prepass_q_fold8(
+        query, q_rule, hadamard=hadamard, kv_anchors=ak, scale=scale, len_multiple=q_len_multiple,
+        pass_plan=q_pass,
+    )  # fmt: skip
+    k8, _ = fold_packed(kc, ks, ak, columns=False)
+    v8t, colscale = fold_packed(vc, vs, av, columns=True, slots=slots)
+    return q8, rowscale, k8, v8t, colscale
+
+
 def fwd_fp8_call(
     q8: torch.Tensor,
     rowscale: torch.Tensor,
@@ -572,22 +663,24 @@ def build_fp8(target, d: int = 128, n: int = 16384, heads: int = 40, causal: boo
 
 
 def run_chunk_fp8(plan, chunk, query, key, value, out, lse, dbg, mask, is_causal) -> tuple:
-    """`fused._run_chunk` for a plan whose `mma` is "fp8": the exact pre-pass (bf16 Q^, K^, V^), the
-    fold passes, the FP8 kernel (the plan's: this `tl` one, or the Gluon one on sm_90); writes this chunk's slices of out, lse (and dbg); returns the
+    """`fused._run_chunk` for a plan whose `mma` is "fp8": the fast mode's pre-passes and folds
+    (`fp8_operands_from_inputs`), the FP8 kernel (the plan's: this `tl` one, or the Gluon one on sm_90); writes this chunk's slices of out, lse (and dbg); returns the
     operands, which the caller keeps referenced while the kernel may read them."""
-    from mxattention.kernels.prepass import prepass_qk, prepass_v
+    from mxattention.kernels.prepass import FOLD_OUTS, V_ANCHORED_OUT
 
     lq, hk, lk, dv = query.shape[2], key.shape[1], key.shape[2], value.shape[3]
     group = query.shape[1] // hk
-    q_rule, k_rule, v_rule = plan.rules
     (b0, b1), (h0, h1) = chunk.batches, chunk.kv_heads
     bs, kv, qh = slice(b0, b1), slice(h0, h1), slice(h0 * group, h1 * group)
     lm, ln = max(plan.block_m, 128), max(plan.block_n, 128)
-    qb = prepass_qk(query[bs, qh], q_rule, hadamard=plan.hadamard, len_multiple=lm, out_bf16=True)
-    kb = prepass_qk(key[bs, kv], k_rule, hadamard=plan.hadamard, len_multiple=ln, out_bf16=True)
-    vb = prepass_v(value[bs, kv], v_rule, len_multiple=ln, out_bf16=True)
-    ops = fp8_operands(qb, kb, vb, plan.scale, group, slots=plan.fwd_kernel == "gluon")
-    del qb, kb, vb
+    # The chunk's passes where the planner planned the fast mode's own (it may plan the exact path's,
+    # which write other outputs): those are planned here.
+    fast_outs = (*FOLD_OUTS.values(), V_ANCHORED_OUT)
+    passes = tuple(p if p.out in fast_outs else None for p in (chunk.q_pass, chunk.k_pass, chunk.v_pass))
+    ops = fp8_operands_from_inputs(
+        query[bs, qh], key[bs, kv], value[bs, kv], plan.rules, hadamard=plan.hadamard, scale=plan.scale,
+        q_len_multiple=lm, k_len_multiple=ln, slots=plan.fwd_kernel == "gluon", passes=passes,
+    )  # fmt: skip
     if plan.fwd_kernel == "gluon":  # the warp-specialized sm_90 kernel (`attention_fwd_hopper_fp8`)
         from mxattention.kernels.attention_fwd_hopper_fp8 import mx_attention_fwd_hopper_fp8
 

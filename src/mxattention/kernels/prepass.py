@@ -1,6 +1,7 @@
 """The pre-pass: one read of Q, K, V; rotation and MXFP4 cast in registers; packed bytes out.
 
-Exposes `padded_dim`, `padded_len`, `prepass_qk` and `prepass_v`, and the pass plans
+Exposes `padded_dim`, `padded_len`, `prepass_qk`, `prepass_v`, the fast mode's `prepass_q_fold8`,
+`prepass_k_anchored` and `score_scale_parts`, and the pass plans
 (`PassPlan`, `qk_pass`, `v_pass`: which kernel and tiles each pass takes, asked once per call by
 `plan.plan_call`).
 
@@ -19,6 +20,11 @@ Exposes `padded_dim`, `padded_len`, `prepass_qk` and `prepass_v`, and the pass p
   `fake_quantize`'s values (each has 2 significant bits and fp32's exponent range, as bf16). The
   attention kernel's Hopper path reads K^ and V^ this way: decoding bytes in its inner loop costs
   more integer work than the two GEMMs leave room for (benchmarks/NOTES.md).
+
+The fast mode's passes (docs/fast_mode.md; `attention_fwd_fp8.fp8_operands_from_inputs`):
+`prepass_q_fold8` (Q^ folded into E4M3 bytes in the pass, with each row's score factor),
+`prepass_k_anchored` (packed K^ and its heads' fold anchors) and `prepass_v(anchors=)` (packed V^
+and its columns' anchors); always the `tl` kernel, planned with `qk_pass(fold=)` / `v_pass(anchors=)`.
 
 On sm_90 the rotated passes at head dim 128 (the Hopper path's bf16 K^ and the packed Q^) run as
 the Gluon kernels of `prepass_hopper` instead: same bytes, ~10 % faster each.
@@ -43,8 +49,17 @@ from mxattention.formats.scale_rules import ScaleRule
 from mxattention.kernels import prepass_hopper
 from mxattention.kernels._triton import sm_count, tl, triton
 from mxattention.kernels.cast import bf16_pair_floats, cast_blocks, cast_packed, pack_nibbles
+from mxattention.kernels.fold8 import (
+    anchor_of,
+    anchor_or_zero,
+    e4m3_bytes,
+    finite_abs,
+    fold_values,
+    score_factor,
+)
 from mxattention.kernels.hadamard import hadamard_rows
 from mxattention.kernels.launch import launch
+from mxattention.kernels.online_softmax import LOG2E
 from mxattention.kernels.rules import rule_constants
 from mxattention.kernels.specs import BuildFailure, PassKernel
 from mxattention.rotation import rotation_block
@@ -202,7 +217,16 @@ def _qk_prepass_kernel(
     ELEM: tl.constexpr = "e2m1",
     QM=None,
     SMOOTH_BLOCK: tl.constexpr = 0,
+    FOLD: tl.constexpr = 0,
+    Anchors=None,
+    RowScale=None,
+    C_MANT=1.0,
+    C_EXP=0,
+    GROUP=1,
 ):
+    # FOLD (the fast mode, docs/fast_mode.md): 1 Q^ folded here (`prepass_q_fold8`: E4M3 bytes into
+    # Codes, the score factor per row into RowScale, from the KV heads' anchors in Anchors); 2 packed
+    # K^ from `cast_blocks`' codes, and this tile's anchor into its head's (`prepass_k_anchored`).
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     if ROW_LAYOUT:
@@ -224,12 +248,25 @@ def _qk_prepass_kernel(
         if pid * BL + BL > L:  # the last tile
             x = tl.where(rows[:, None] < L, x, 0.0)
     base = bh.to(tl.int64) * L_PAD + rows[:, None].to(tl.int64)
-    if OUT_BF16 or ELEM == "e4m3":
+    if OUT_BF16 or ELEM == "e4m3" or FOLD > 0:
         if ROTATE:
             x = hadamard_rows(x, BL, DP, ROT_LEVELS, ROT_NORM)
         x3 = tl.reshape(x, [BL, DP // 32, 32])
         codes, scales, vals = cast_blocks(x3, CEIL, Q_EXP, Q_MANT, 2, ROW_LAYOUT, ELEM)
-        if OUT_BF16:
+        if FOLD == 1:  # the values the bf16 output holds, folded with their row's anchor
+            v = tl.reshape(vals, [BL, DP])
+            a = anchor_or_zero(anchor_of(tl.max(finite_abs(v), 1)))
+            tl.store(Codes + base * DP + cols[None, :], e4m3_bytes(fold_values(v, a[:, None]), True))
+            kv = (bh // H) * (H // GROUP) + (bh % H) // GROUP  # GQA: this query head's KV head
+            ak = anchor_or_zero(tl.load(Anchors + kv))
+            tl.store(RowScale + bh.to(tl.int64) * L_PAD + rows, score_factor(C_MANT, C_EXP + a + ak))
+        elif FOLD == 2:  # packed E2M1 bytes and E8M0 bytes of the same cast
+            packed = pack_nibbles(tl.reshape(codes, [BL, DP]), BL, DP)
+            tl.store(Codes + base * (DP // 2) + tl.arange(0, DP // 2)[None, :], packed)
+            tl.store(Scales + base * (DP // 32) + tl.arange(0, DP // 32)[None, :], scales.to(tl.uint8))
+            amax = tl.max(tl.max(tl.max(finite_abs(vals), 2), 1), 0)
+            tl.atomic_max(Anchors + bh, anchor_of(amax), sem="relaxed")  # read by later launches only
+        elif OUT_BF16:
             tl.store(Codes + base * DP + cols[None, :], tl.reshape(vals, [BL, DP]).to(tl.bfloat16))
         else:  # E4M3 bytes, one per element
             tl.store(Codes + base * DP + cols[None, :], tl.reshape(codes, [BL, DP]).to(tl.uint8))
@@ -269,6 +306,8 @@ def _v_prepass_kernel(
     OUT_BF16: tl.constexpr,
     VARLEN: tl.constexpr = False,
     ELEM: tl.constexpr = "e2m1",
+    ANCHORS: tl.constexpr = False,
+    Anchors=None,
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -292,6 +331,9 @@ def _v_prepass_kernel(
         x, rows, cols = _load_tile(X, pid, bh, L, D, H, stride_b, stride_h, stride_l, stride_d, BL, DP)
         x = tl.reshape(x, [BL // 32, 32, DP])
     codes, scales, vals = cast_blocks(x, CEIL, Q_EXP, Q_MANT, 1, False, ELEM)
+    if ANCHORS:  # the fast mode: this program's column anchors into the head's (`prepass_v`)
+        col_max = tl.max(tl.max(finite_abs(vals), 1), 0)
+        tl.atomic_max(Anchors + bh.to(tl.int64) * DP + cols, anchor_of(col_max), sem="relaxed")
     if OUT_BF16:
         vals = tl.reshape(vals, [BL, DP])
         rows64 = bh.to(tl.int64) * L_PAD + out_start + rows[:, None].to(tl.int64)
@@ -393,6 +435,7 @@ def qk_pass(
     tiles: Mapping[str, tuple[int, int]] = PREPASS_TILES,
     broken: frozenset[str] = frozenset(),
     heads: int | None = None,
+    fold: str = "",
 ) -> PassPlan:
     """The Q^ / K^ pass of x [B, H, L, D] padded to lp rows: the Gluon kernels where `gluon` and
     `prepass_hopper.usable` (bf16 K^, not smoothed) / `usable_q` (packed Q^, Q smoothing too) take x
@@ -401,8 +444,16 @@ def qk_pass(
     instructions save (bf16 output at DP = 128) or a row is too long for one thread (DP = 256).
     `tiles`: the `tl` kernels' (rows, warps) table; `broken`: the Gluon passes ("k_bf16", "q_packed")
     that did not build in this process (`plan.record_build_failure`); `heads`: the launch's B x H
-    when it runs on a chunk of x (default: all of x's), which the Gluon passes' tiles follow."""
-    out = "bf16" if out_bf16 else ("e4m3" if elem == "e4m3" else "packed")
+    when it runs on a chunk of x (default: all of x's), which the Gluon passes' tiles follow.
+    `fold` (the fast mode, E2M1 only): "q" Q^ folded into E4M3 in the pass (`prepass_q_fold8`,
+    out "folded"), "k" packed K^ with its head's anchor (`prepass_k_anchored`, out "packed+anchor"):
+    always the `tl` kernel, which alone writes them; `out_bf16` must be False."""
+    if fold:
+        if fold not in FOLD_OUTS or out_bf16 or elem != "e2m1":
+            raise ValueError(f"fold: expected 'q' or 'k' with E2M1 and out_bf16=False, got {fold!r}")
+        out, gluon = FOLD_OUTS[fold], False
+    else:
+        out = "bf16" if out_bf16 else ("e4m3" if elem == "e4m3" else "packed")
     gluon = gluon and elem == "e2m1"
     bh = x.shape[0] * x.shape[1] if heads is None else heads
     if (
@@ -437,19 +488,30 @@ def v_pass(
     elem: str,
     heads: int | None = None,
     tiles: Mapping[str, tuple[int, int]] = PREPASS_TILES,
+    anchors: bool = False,
 ) -> PassPlan:
     """The V^ pass of v [B, H, L, Dv] padded to lp keys: blocks of 32 keys in one thread's registers
     up to Dvp 128 (a tile beyond), and for the bf16 output with fewer than V_SMALL_GRID_PER_SM
     programs per SM (short keys) 2 warps per program: more warps each hide more of the latency.
-    `heads`: the launch's B x H when it runs on a chunk of v (default: all of v's)."""
+    `heads`: the launch's B x H when it runs on a chunk of v (default: all of v's). `anchors` (the
+    fast mode): packed E2M1 V^ with its column anchors (out "packed+column anchors")."""
     bh = v.shape[0] * v.shape[1] if heads is None else heads
     dp = padded_dim(v.shape[-1])
     out = "bf16" if out_bf16 else ("e4m3" if elem == "e4m3" else "packed")
+    if anchors:
+        if out != "packed":
+            raise ValueError(f"anchors: the V^ pass writes them with packed E2M1 output, not {out}")
+        out = V_ANCHORED_OUT
     key = "v_256" if dp > 128 else ("v_bf16" if out_bf16 else "v_packed")
     rows, warps = _tile(key, lp, tiles)
     if key == "v_bf16" and v.is_cuda and (lp // rows) * bh < V_SMALL_GRID_PER_SM * sm_count(v.device):
         warps = max(warps, 2)
     return PassPlan(PassKernel.TL, "keys" if dp <= 128 else "tile", out, rows, warps)
+
+
+# What the fast mode's passes write (`PassPlan.out`): a launch planned for another output is refused.
+FOLD_OUTS: Mapping[str, str] = MappingProxyType({"q": "folded", "k": "packed+anchor"})
+V_ANCHORED_OUT = "packed+column anchors"
 
 
 @functools.lru_cache(maxsize=16)  # a few rotation norms per process; a tensor per call costs host time
@@ -512,6 +574,8 @@ def prepass_qk(
     planned = pass_plan is not None
     if not planned:
         pass_plan = _default_qk_pass(x, lp, hadamard, out_bf16, elem, q_mean is not None)
+    elif pass_plan.out in FOLD_OUTS.values():
+        raise ValueError(f"pass_plan: {pass_plan} is a fast-mode pass (prepass_q_fold8 / prepass_k_anchored)")
     if pass_plan.kernel == "gluon":
         tiles = (pass_plan.rows, pass_plan.warps, pass_plan.programs) if pass_plan.programs else None
         try:
@@ -529,31 +593,131 @@ def prepass_qk(
 
             record_build_failure(failure)
             pass_plan = _default_qk_pass(x, lp, hadamard, out_bf16, elem, q_mean is not None)
-    row_layout = pass_plan.layout == "rows"
-    bl, warps = pass_plan.rows, pass_plan.warps
     consts = dict(
-        BL=bl,
-        DP=dp,
-        ROW_LAYOUT=row_layout,
-        ROTATE=hadamard,
-        ROT_LEVELS=levels,
-        ROT_NORM=norm,
-        FOLD_E_MAX=fold_e_max(norm),
         OUT_BF16=out_bf16,
-        BF16_PAIRS=pass_plan.bf16_pairs,
         ELEM=elem,
         # The kernel indexes the means as [B * H, nb, D]: a head chunk's view of several batches
         # is not, so it takes a copy (nb x D fp32 per head).
         QM=None if q_mean is None else q_mean[0].contiguous(),
         SMOOTH_BLOCK=0 if q_mean is None else q_mean[1],
         **_rule_args(rule, elem),
-        num_warps=warps,
     )
-    args = (x, codes, scales, n, d, h, *x.stride(), lp)
     if q_mean is not None:  # QM is a tensor the kernel reads: a positional argument of the launch
         slot = None
-    launch(_qk_prepass_kernel, (lp // bl, b * h), args, consts, slot)
+    _launch_qk_tl(x, codes, scales, lp, hadamard, pass_plan, consts, slot)
     return codes if out_bf16 else (codes, scales)
+
+
+def _launch_qk_tl(x, codes, scales, lp: int, hadamard: bool, pass_plan: PassPlan, consts: dict, slot) -> None:
+    """Launch `_qk_prepass_kernel` on x [B, H, L, D] padded to lp rows with the tiles of `pass_plan`
+    (a `tl` plan) and the output's constants `consts`."""
+    b, h, n, d = x.shape
+    blk = rotation_block(d) if hadamard else 1
+    levels, norm = blk.bit_length() - 1, 1.0 / math.sqrt(blk)
+    bl = pass_plan.rows
+    geometry = dict(
+        BL=bl, DP=padded_dim(d), ROW_LAYOUT=pass_plan.layout == "rows", ROTATE=hadamard, ROT_LEVELS=levels,
+        ROT_NORM=norm, FOLD_E_MAX=fold_e_max(norm), BF16_PAIRS=pass_plan.bf16_pairs, num_warps=pass_plan.warps,
+    )  # fmt: skip
+    args = (x, codes, scales, n, d, h, *x.stride(), lp)
+    launch(_qk_prepass_kernel, (lp // bl, b * h), args, geometry | consts, slot)
+
+
+def _fold_plan(pass_plan: PassPlan | None, default, out: str) -> PassPlan:
+    """`pass_plan` (or the default one) if it is a `tl` launch that writes `out`, else a ValueError: a
+    plan made for another output must not run a kernel that writes something else."""
+    pass_plan = default() if pass_plan is None else pass_plan
+    if pass_plan.kernel != PassKernel.TL or pass_plan.out != out:
+        raise ValueError(f"pass_plan: expected a tl pass writing {out!r}, got {pass_plan}")
+    return pass_plan
+
+
+@functools.lru_cache(maxsize=64)  # one tensor round trip per new scale, not per call
+def score_scale_parts(scale: float) -> tuple[float, int]:
+    """(c_mant, c_exp) of c = fp32(scale log2(e)), the fast mode's score constant, for
+    `fold8.score_factor`: c = c_mant 2**c_exp with c_mant in [1, 2) (fp32 subnormal c too); for
+    c <= 0 (-1.0, 0), whose factors all clamp to 2**-126; Inf (inf, 1000): Inf for every anchor;
+    NaN (nan, 0)."""
+    c = torch.tensor(scale * LOG2E, dtype=torch.float32).item()  # `fp8_operands`' rounding (Inf past fp32)
+    if c != c:
+        return c, 0
+    if c == math.inf:
+        return c, 1000
+    if c <= 0:
+        return -1.0, 0
+    mant, exp = math.frexp(c)
+    return 2.0 * mant, exp - 1
+
+
+def prepass_q_fold8(
+    x: torch.Tensor,
+    rule: str | float | ScaleRule,
+    *,
+    hadamard: bool,
+    kv_anchors: torch.Tensor,
+    scale: float,
+    len_multiple: int = 128,
+    pass_plan: PassPlan | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fast mode's Q^ in one pass: (q8 float8_e4m3fn [B, H, Lp, Dp], rowscale fp32 [B, H, Lp]).
+
+    The rotation and MXFP4 cast of `prepass_qk(out_bf16=True)`, then each row's values folded as
+    `attention_fwd_fp8.fold_pass(.., "row")` folds the bf16 output (anchor a_q per row), and
+    rowscale = max(fp32(scale log2 e) 2**(a_q + a_k), 2**-126) as `fp8_operands`, bit for bit.
+    `kv_anchors` int32 [B * Hkv] (contiguous): the KV heads' anchors as `prepass_k_anchored` leaves
+    them (NO_ANCHOR for a head of zeros); H is a multiple of Hkv (GQA). E2M1 elements only.
+    """
+    b, h, n, d = x.shape
+    hk = kv_anchors.numel() // b
+    if kv_anchors.dtype != torch.int32 or hk == 0 or hk * b != kv_anchors.numel() or h % hk:
+        raise ValueError(f"kv_anchors: expected int32 [B * Hkv], Hkv dividing {h}, got {kv_anchors.shape}")
+    lp = padded_len(n, len_multiple)
+    pass_plan = _fold_plan(
+        pass_plan,
+        lambda: qk_pass(x, lp, hadamard=hadamard, out_bf16=False, elem="e2m1", smoothed=False, fold="q"),
+        FOLD_OUTS["q"],
+    )
+    dev = x.device
+    q8 = torch.empty((b, h, lp, padded_dim(d)), dtype=torch.float8_e4m3fn, device=dev)
+    rowscale = torch.empty((b, h, lp), dtype=torch.float32, device=dev)
+    c_mant, c_exp = score_scale_parts(scale)
+    consts = dict(
+        OUT_BF16=False, ELEM="e2m1", FOLD=1, Anchors=kv_anchors, RowScale=rowscale, C_MANT=c_mant, C_EXP=c_exp,
+        GROUP=h // hk, **_rule_args(rule),
+    )  # fmt: skip
+    _launch_qk_tl(x, q8, q8, lp, hadamard, pass_plan, consts, None)
+    return q8, rowscale
+
+
+def prepass_k_anchored(
+    x: torch.Tensor,
+    rule: str | float | ScaleRule,
+    *,
+    hadamard: bool,
+    anchors: torch.Tensor,
+    len_multiple: int = 128,
+    pass_plan: PassPlan | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`prepass_qk`'s packed (codes, scales) of x [B, H, L, D] (E2M1; from `cast_blocks`' codes, the
+    same bytes), and each head's fold anchor (floor(log2 max |x^|) - FOLD_TOP over its finite MX
+    values, `attention_fwd_fp8.fold_pass(.., "head")` before its zero-to-0 step) maxed into
+    `anchors` int32 [B * H], which the caller fills with `fold8.NO_ANCHOR` first (atomic maxima,
+    so the result does not depend on the programs' order)."""
+    b, h, n, d = x.shape
+    if anchors.dtype != torch.int32 or anchors.numel() != b * h or not anchors.is_contiguous():
+        raise ValueError(f"anchors: expected contiguous int32 with {b * h} elements, got {anchors.shape}")
+    lp = padded_len(n, len_multiple)
+    pass_plan = _fold_plan(
+        pass_plan,
+        lambda: qk_pass(x, lp, hadamard=hadamard, out_bf16=False, elem="e2m1", smoothed=False, fold="k"),
+        FOLD_OUTS["k"],
+    )
+    dp = padded_dim(d)
+    codes = torch.empty((b, h, lp, dp // 2), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((b, h, lp, dp // MX_BLOCK_SIZE), dtype=torch.uint8, device=x.device)
+    consts = dict(OUT_BF16=False, ELEM="e2m1", FOLD=2, Anchors=anchors, **_rule_args(rule))
+    _launch_qk_tl(x, codes, scales, lp, hadamard, pass_plan, consts, None)
+    return codes, scales
 
 
 def prepass_v(
@@ -566,6 +730,7 @@ def prepass_v(
     elem: str = "e2m1",
     pass_plan: PassPlan | None = None,
     slot: tuple[dict, object] | None = None,
+    anchors: torch.Tensor | None = None,
 ):
     """Cast v [B, H, L, Dv] along the keys: (codes [B,H,Dvp,Lp/2], scales [B,H,Dvp,Lp/32]).
 
@@ -576,10 +741,19 @@ def prepass_v(
     of 32 keys restart at every sequence; Lp = `varlen_v_len` and sequence i starts at row
     `varlen_v_start` (its rows past its length rounded up to 32 are left unwritten). `pass_plan`:
     the tiles (`v_pass`, which `plan.plan_call` and the default ask); `slot`: the launch's slot in a
-    cached plan (`launch.launch`).
+    cached plan (`launch.launch`). `anchors` (the fast mode; packed E2M1, not varlen): int32
+    [B * H * Dvp], filled with `fold8.NO_ANCHOR` by the caller, gets each column's fold anchor
+    (`attention_fwd_fp8.fold_pass(.., "column")` before its zero-to-0 step) by atomic maxima.
     """
     b, h, n, d = v.shape
     dp = padded_dim(d)
+    if anchors is not None:
+        if out_bf16 or elem != "e2m1" or varlen is not None:
+            raise ValueError("anchors: only with packed E2M1 output of a dense (not varlen) V")
+        if anchors.dtype != torch.int32 or anchors.numel() != b * h * dp or not anchors.is_contiguous():
+            raise ValueError(
+                f"anchors: expected contiguous int32 with {b * h * dp} elements, got {anchors.shape}"
+            )
     lp = padded_len(n, len_multiple) if varlen is None else varlen_v_len(n, varlen[0].numel() - 1)
     if out_bf16:
         codes = torch.empty((b, h, lp, dp), dtype=torch.bfloat16, device=v.device)
@@ -589,8 +763,14 @@ def prepass_v(
             (b, h, dp, lp // (1 if elem == "e4m3" else 2)), dtype=torch.uint8, device=v.device
         )
         scales = torch.empty((b, h, dp, lp // MX_BLOCK_SIZE), dtype=torch.uint8, device=v.device)
-    if pass_plan is None:
+    if anchors is not None:
+        pass_plan = _fold_plan(
+            pass_plan, lambda: v_pass(v, lp, out_bf16=False, elem=elem, anchors=True), V_ANCHORED_OUT
+        )
+    elif pass_plan is None:
         pass_plan = v_pass(v, lp, out_bf16=out_bf16, elem=elem)
+    elif pass_plan.out == V_ANCHORED_OUT:
+        raise ValueError("pass_plan: a plan for the anchored V^ pass needs `anchors`")
     bl, warps = pass_plan.rows, pass_plan.warps
     cu, max_len = (v, n) if varlen is None else varlen
     num_seqs = 1 if varlen is None else cu.numel() - 1
@@ -602,6 +782,9 @@ def prepass_v(
             BL=bl, DP=dp, OUT_BF16=out_bf16, VARLEN=varlen is not None, ELEM=elem, **_rule_args(rule, elem),
             num_warps=warps,
         )  # fmt: skip
+        if anchors is not None:  # a tensor by keyword: no direct launch (`launch._runner`)
+            consts |= dict(ANCHORS=True, Anchors=anchors)
+            slot = None
         args = (v, codes, scales, n, d, h, *v.stride(), lp, cu, seq0)
         launch(_v_prepass_kernel, grid, args, consts, None if slot is None else (slot[0], (slot[1], seq0)))
     return codes if out_bf16 else (codes, scales)

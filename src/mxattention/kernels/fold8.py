@@ -1,0 +1,92 @@
+"""Device functions of the fast mode's fold (docs/fast_mode.md, `formats.fold`), shared by the pre-pass
+(`prepass`: Q^ folded in registers, K^ / V^ anchors) and the fold kernels of `attention_fwd_fp8`.
+
+Exposes `FOLD_TOP`, `NO_ANCHOR`, `finite_abs`, `anchor_of`, `anchor_or_zero`, `fold_values`,
+`e4m3_bytes`, `key_slot`, `pow2_bits` and `score_factor`. Imports only `cast`, so `prepass` can use them without
+importing the attention kernels.
+"""
+
+from __future__ import annotations
+
+from mxattention.kernels._triton import tl, triton
+from mxattention.kernels.cast import e4m3_round, elem_code, exp2_int, floor_log2_mantissa
+
+FOLD_TOP = 8  # formats.fold.FOLD_TOP: a group's largest value folds to 256 or 384
+NO_ANCHOR = -(2**20)  # the anchor of a group of zeros: below every real anchor (atomic max identity)
+
+
+@triton.jit
+def finite_abs(x):
+    """|x| with NaN / Inf as 0: the anchors ignore values that are not finite."""
+    a = tl.abs(x)
+    return tl.where(a < float("inf"), a, 0.0)
+
+
+@triton.jit
+def anchor_of(amax):
+    """floor(log2 amax) - FOLD_TOP (int32) for fp32 amax >= 0, NO_ANCHOR for amax = 0."""
+    e, _m = floor_log2_mantissa(tl.where(amax > 0, amax, 1.0))
+    return tl.where(amax > 0, e - 8, -1048576)
+
+
+@triton.jit
+def anchor_or_zero(a):
+    """The anchor a group folds with: NO_ANCHOR (a group of zeros) folds with 0 (`formats.fold`)."""
+    return tl.where(a == -1048576, 0, a)
+
+
+@triton.jit
+def fold_values(x, a):
+    """E4M3 values of x 2**-a (fp32, signed; NaN kept): two exact power-of-two multiplies (each
+    half of -a within [-68, 68]), then round to nearest even on E4M3 by the float adder."""
+    na = -a
+    h = tl.where(na >= 0, na // 2, -((-na + 1) // 2))
+    f = x * exp2_int(h) * exp2_int(na - h)
+    r = e4m3_round(tl.abs(f))
+    return tl.where(f < 0, -r, r)
+
+
+@triton.jit
+def e4m3_bytes(r, BY_BITS: tl.constexpr):
+    """float8e4nv of fp32 E4M3 values r (exact, |r| <= 448, or NaN). BY_BITS: the byte built from
+    the bits (`cast.elem_code`, the sign, 0x7F for NaN), the same on every target (Triton 3.9's
+    interpreter converts NaN to 256); else the target's conversion, exact on such values."""
+    if BY_BITS:
+        code = elem_code(tl.abs(r), "e4m3") + tl.where(r < 0, 128, 0)
+        code = tl.where(r != r, 0x7F, code)
+        return code.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+    else:
+        return r.to(tl.float8e4nv)
+
+
+@triton.jit
+def key_slot(n):
+    """Where key n sits in the transposed V^ (int32, within its 32-key block): bits (i1 i0 t1 t0 e)
+    of n % 32 become (i1 t1 t0 i0 e). It is the column order in which Hopper's FP8 wgmma A operand
+    (k_width 4) holds a row of P~ when each thread keeps the values the accumulator of S gave it, so
+    the Gluon kernel hands P~ to the P~ V^ wgmma without moving values between lanes
+    (`attention_fwd_hopper_fp8._key_slots`); the `tl` kernel's V^ keeps the keys' order (a gather
+    through key_slot made its loads 8x slower on the H200)."""
+    return (n & -32) | (n & 17) | (((n >> 3) & 1) << 1) | (((n >> 1) & 3) << 2)
+
+
+@triton.jit
+def pow2_bits(e):
+    """2**e as fp32 for any int32 e, built from the bits: what float64 2**e rounds to in fp32 (the
+    host's `attention_fwd_fp8.pow2_f32`): subnormal for e in [-149, -127], 0 below (2**-150 ties to
+    even, down), Inf above 127. No multiply, so a target that flushes subnormal products cannot
+    change it."""
+    normal = (tl.minimum(e, 128) + 127) << 23
+    sub = 1 << tl.minimum(tl.maximum(e, -149) + 149, 22)  # (shifts kept in [0, 22] where unused)
+    bits = tl.where(e >= -126, normal, tl.where(e >= -149, sub, 0))
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def score_factor(c_mant, e):
+    """max(c 2**e, 2**-126) (fp32, NaN kept) for c = c_mant 2**c_exp given as c_mant (fp32 in [1, 2),
+    or NaN / Inf / -1 for c NaN / Inf / <= 0: `attention_fwd_fp8.score_scale_parts`) and e the anchor
+    sum plus c_exp: `fp8_operands`' rowscale (float64 c 2**e rounded once, clamped), bit for bit.
+    In the normal range the product is exact; below 2**-126 either value clamps to 2**-126."""
+    f = c_mant * pow2_bits(e)
+    return tl.maximum(f, 1.1754943508222875e-38, propagate_nan=tl.PropagateNan.ALL)

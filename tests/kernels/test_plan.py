@@ -38,6 +38,26 @@ def test_fast_mode_hardware_cast_is_the_planners_choice(monkeypatch):
     assert plan.plan_call(fast, q, k, v, scale=0.1, fwd_kernel="tl").p_cvt is False
 
 
+def test_fast_mode_plans_its_own_passes(monkeypatch):
+    """A fast-mode plan carries the fast mode's pre-passes (Q^ folded in its pass, K^ / V^ packed with
+    their anchors: `attention_fwd_fp8.fp8_operands_from_inputs`), not the exact path's, on every
+    target, and `describe` prints them."""
+    from mxattention.kernels.prepass import FOLD_OUTS, V_ANCHORED_OUT, PassKernel
+
+    q, k, v = qkv(1, 4, 2, 130, 200, 128)
+    for target in (targets.SM_90A, targets.SM_100A):
+        _on(monkeypatch, target)
+        p = plan.plan_call(get_method("mxattention-fast"), q, k, v, scale=0.1)
+        for c in p.chunks:
+            assert (c.q_pass.out, c.k_pass.out, c.v_pass.out) == (
+                FOLD_OUTS["q"],
+                FOLD_OUTS["k"],
+                V_ANCHORED_OUT,
+            )
+            assert PassKernel.GLUON not in (c.q_pass.kernel, c.k_pass.kernel, c.v_pass.kernel)
+        assert FOLD_OUTS["q"] in p.describe() and V_ANCHORED_OUT in p.describe()
+
+
 def test_plan_is_frozen_and_read_from_the_target_tables(monkeypatch):
     q, k, v = qkv(2, 8, 4, 300, 200, 128)
     _on(monkeypatch, targets.SM_90A)

@@ -673,8 +673,8 @@ def run_chunk_fp8(plan, chunk, query, key, value, out, lse, dbg, mask, is_causal
     (b0, b1), (h0, h1) = chunk.batches, chunk.kv_heads
     bs, kv, qh = slice(b0, b1), slice(h0, h1), slice(h0 * group, h1 * group)
     lm, ln = max(plan.block_m, 128), max(plan.block_n, 128)
-    # The chunk's passes where the planner planned the fast mode's own (it may plan the exact path's,
-    # which write other outputs): those are planned here.
+    # The chunk's passes (the planner plans the fast mode's own); a plan made with other passes
+    # (written by hand, e.g. in a benchmark) gets them planned here.
     fast_outs = (*FOLD_OUTS.values(), V_ANCHORED_OUT)
     passes = tuple(p if p.out in fast_outs else None for p in (chunk.q_pass, chunk.k_pass, chunk.v_pass))
     ops = fp8_operands_from_inputs(

@@ -685,7 +685,7 @@ def plan_call(
     d, dv = key.shape[-1], value.shape[-1]
     device_reason = _device_reason(query)
     refusal = _config_reason(cfg, d, dv) or scale_reason(scale)
-    if cfg.mma == "fp8":  # the fast mode: its own kernel, after the bf16 path's pre-pass
+    if cfg.mma == "fp8":  # the fast mode: its own pre-passes and kernel
         refusal = refusal or fp8_reason(varlen is not None, cfg.smooth_q)
         matrix_path = "bf16"
     if varlen is not None and varlen_reason(cfg) is not None:
@@ -782,7 +782,15 @@ def plan_call(
     chunks = []
     for bs, hs in ranges:
         heads = (bs[1] - bs[0]) * (hs[1] - hs[0])
-        if heads not in by_heads:
+        if heads not in by_heads and cfg.mma == "fp8":
+            # The fast mode's own passes (`attention_fwd_fp8.fp8_operands_from_inputs`): Q^ folded
+            # in its pass, K^ / V^ packed with their anchors (dense, unsmoothed: `fp8_reason`).
+            by_heads[heads] = (
+                qk_pass(qx, lqp, out_bf16=False, smoothed=False, heads=heads * group, fold="q", **passes),
+                qk_pass(kx, lkp, out_bf16=False, smoothed=False, heads=heads, fold="k", **passes),
+                v_pass(vx, lvp, out_bf16=False, elem="e2m1", heads=heads, tiles=tiles, anchors=True),
+            )
+        elif heads not in by_heads:
             by_heads[heads] = (
                 qk_pass(
                     qx, lqp, out_bf16=False, smoothed=blk > 0, gluon=gluon_q, heads=heads * group, **passes

@@ -62,6 +62,23 @@ def test_planner_gives_the_gluon_fp8_kernel_the_dense_head_dim_128_calls_on_sm_9
     assert plan.plan_call(FAST, q, k, v, scale=0.1).fwd.constants["P_CVT"] is False
 
 
+def test_schedule_variants_override_only_their_constexprs_of_the_kernel(monkeypatch):
+    """Each of `VARIANTS` (what benchmarks/fp8_variants.py times) names parameters of the kernel and
+    changes only those of the planned spec; an unknown name is refused."""
+    q, k, v = qkv(1, 2, 2, 130, 200, 128)
+    _on(monkeypatch, targets.SM_90A)
+    spec = plan.plan_call(FAST, q, k, v, scale=0.1).fwd
+    params = set(fast_hopper._fast_fwd_hopper_kernel.arg_names)
+    for name, over in fast_hopper.VARIANTS.items():
+        assert set(over) <= params, name
+        got = fast_hopper.variant_spec(spec, name)
+        assert got.kernel is spec.kernel and got.num_warps == spec.num_warps
+        assert got.constants == {**spec.constants, **over}, name
+    assert fast_hopper.variant_spec(spec, "default") == spec
+    with pytest.raises(ValueError, match="variant must be one of"):
+        fast_hopper.variant_spec(spec, "overlap2")
+
+
 def test_planner_keeps_the_tl_fp8_kernel_off_sm_90(monkeypatch):
     q, k, v = qkv(1, 2, 2, 130, 200, 128)
     assert plan.plan_call(FAST, q, k, v, scale=0.1, target=None).fwd_kernel == "tl"  # the interpreter
@@ -167,5 +184,28 @@ def test_gluon_fp8_induced_weights_sum_to_one():
     q[:, :, 5] = 0.0
     v = torch.eye(128, device="cuda").expand(1, 4, 128, 128).contiguous()
     w = fused_attention(q, k, v, FAST, scale=128**-0.5, fwd_kernel="gluon").out
+    assert torch.isfinite(w).all()
+    assert (w.sum(-1) - 1).abs().max().item() <= 1e-3
+
+
+@gpu
+@pytest.mark.parametrize("variant", [n for n in fast_hopper.VARIANTS if n != "default"])
+def test_gluon_fp8_schedule_variants_agree_with_the_planned_kernel(variant):
+    """Every schedule variant consumes the planned kernel's P~ bytes: O within 1e-3 (rel-L2; only
+    the fp32 order of l's and O~'s sums differ), lse as the `tl` kernel's, rows of the induced
+    weights summing to 1 within 1e-3 (V = identity, one tile)."""
+    q, k, v = _inputs("spread", (1, 4, 2, 600, 1000), seed=7)
+    p = plan.plan_call(FAST, q, k, v, scale=0.1)
+    alt = dataclasses.replace(p, fwd=fast_hopper.variant_spec(p.fwd, variant))
+    got, want = (fused_attention(q, k, v, FAST, scale=0.1, plan=x) for x in (alt, p))
+    a, b = got.out.double(), want.out.double()
+    assert ((a - b).norm() / b.norm()).item() <= 1e-3
+    assert torch.allclose(got.lse, want.lse, rtol=2**-20, atol=1e-3)
+    qw, kw, _ = _inputs("spread", (1, 4, 4, 1000, 128), seed=3)
+    qw, kw = qw.float() * 3, kw.float() * 3
+    eye = torch.eye(128, device="cuda").expand(1, 4, 128, 128).contiguous()
+    pw = plan.plan_call(FAST, qw, kw, eye, scale=128**-0.5)
+    pw = dataclasses.replace(pw, fwd=fast_hopper.variant_spec(pw.fwd, variant))
+    w = fused_attention(qw, kw, eye, FAST, scale=128**-0.5, plan=pw).out
     assert torch.isfinite(w).all()
     assert (w.sum(-1) - 1).abs().max().item() <= 1e-3

@@ -11,8 +11,9 @@ no varlen kernel and no Q smoothing), PNQ on; any lengths, GQA. The same operati
 by FP8 (e4m3) wgmma m64n128k32 from a fresh accumulator, the softmax step and P~'s E2M1 rounding
 times 2**8 (`attention_fwd_fp8.fp8_p_tile`, the `tl` kernel's own function), P~'s E4M3 rounding
 (software, or the hardware conversion where the plan says `P_CVT`), l the fp32 sum of the values
-the MMA reads (PNQ, as the `tl` kernel sums them: the FP8 accumulator's sums moved the weights' row
-sums off 1 by up to 3.6e-3, against issue 29's bound of 1e-3), each tile's
+the MMA reads (PNQ, as the `tl` kernel sums them, in another fp32 order: each thread's partial sums
+across the key loop, `L_PARTIAL`; the FP8 accumulator's sums moved the weights' row sums off 1 by up
+to 3.6e-3, against issue 29's bound of 1e-3), each tile's
 P~ V^ in a fresh fp32 accumulator added by one fma `O~ = O~ alpha + acc`, then O = O~ / l per
 column times 2**a_v (`attention_fwd_fp8.fp8_finish_o`). The P~ V^ products of a k-step (32 keys)
 come in `key_slot` order, so they equal the `tl` kernel's up to how the FP8 accumulator treats
@@ -62,8 +63,9 @@ NUM_WARPS = 4  # the default partition's (consumer 0's) warps
 # S_{j+1} and P~_j V^_j in flight together (the exact Gluon forward's schedule). Off: the kernel is
 # bound by issue slots, not by waiting for its wgmmas (the other consumer's run under each softmax),
 # and the overlap carries P~ from one iteration to the next, which the compiler does as bytes split
-# and packed again: 1109 SASS instructions per key tile and consumer against 855 without
-# (`_tile8`; Triton 3.6, benchmarks/fp8_gluon_build.py). benchmarks/check_fp8_gpu.py times both.
+# and packed again: 1161 SASS instructions per key tile and consumer against 908 without (176 PRMT;
+# carrying P~'s fp32 values instead spills 1736 bytes). Triton 3.6, benchmarks/fp8_gluon_build.py;
+# `VARIANTS` names the schedules benchmarks/fp8_variants.py times.
 OVERLAP = False
 # P~'s E4M3 rounding by the hardware conversion (cvt.rn.satfinite.e4m3x2.f32) on targets listed in
 # `targets.HW_E4M3_CAST`: exact on P~'s E2M1 x 2**k values, and equal to `cast.e4m3_round` on every
@@ -71,6 +73,30 @@ OVERLAP = False
 # (tests/kernels/test_attention_fwd_fp8_gluon.py checks it on the GPU). Unlike the `tl` FP8 kernel
 # (`attention_fwd_fp8.HW_P_CAST`) it rounds the [R, BN] fp32 tile, not a 3-D view of bytes.
 HW_P_CAST = True
+# PNQ's l as each thread's partial sums (its 32 of a row's 128 values per tile, rescaled by alpha per
+# row as O~), summed across the 4 lanes of a row once, after the key loop (FlashAttention-3's way), not
+# per tile: the same values, summed in another fp32 order. Off: per tile, within each 32-key block
+# (8 values per thread, then the 4 lanes by shuffles), then the blocks.
+L_PARTIAL = True
+
+# Schedule variants of the kernel as constexpr overrides of the plan's spec (`variant_spec`): each
+# consumes the same P~ bytes; l and O~ differ by fp32 summation order only. SASS per key tile and
+# consumer (Triton 3.6, sm_90a): default 908, l_per_tile 940 (the shuffles of l each tile), overlap
+# 1161 (P~'s bytes carried), stages3 909 (112 KiB of shared memory against 80).
+VARIANTS: dict[str, dict[str, object]] = {
+    "default": {},
+    "l_per_tile": {"L_PARTIAL": False},
+    "overlap": {"OVERLAP": True},
+    "stages3": {"STAGES": 3},
+}
+
+
+def variant_spec(spec: FwdSpec, name: str) -> FwdSpec:
+    """`spec` (`plan.gluon_fp8_fwd_spec`) with the constexprs of schedule variant `name` (`VARIANTS`)."""
+    if name not in VARIANTS:
+        raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {name!r}")
+    return FwdSpec(spec.kernel, tuple(dict(spec.constexprs, **VARIANTS[name]).items()), spec.num_warps)
+
 
 if HAS_GLUON:
     from triton.experimental import gluon
@@ -119,7 +145,7 @@ if HAS_GLUON:
         """What every key tile reads: Lk keys in n_tiles tiles, ColScale + cs_base the KV head's
         column anchors 2**a_v (fp32 [DV], applied once at the end), CAST = (PNQ, CEIL, Q_EXP, Q_MANT,
         P_CVT) (constexprs: P~'s rule; P_CVT P~'s E4M3 rounding by the hardware conversion), OVERLAP
-        (constexpr: the schedule)."""
+        (constexpr: the schedule), L_PARTIAL (constexpr: l as per-thread partial sums, `L_PARTIAL`)."""
 
         Lk: _Int
         n_tiles: _Int
@@ -127,14 +153,16 @@ if HAS_GLUON:
         cs_base: gl.tensor
         CAST: gl.tuple
         OVERLAP: gl.constexpr
+        L_PARTIAL: gl.constexpr
 
-        def __init__(self, Lk, n_tiles, ColScale, cs_base, CAST, OVERLAP):
+        def __init__(self, Lk, n_tiles, ColScale, cs_base, CAST, OVERLAP, L_PARTIAL):
             self.Lk = Lk
             self.n_tiles = n_tiles
             self.ColScale = ColScale
             self.cs_base = cs_base
             self.CAST = CAST
             self.OVERLAP = gl.constexpr(OVERLAP)
+            self.L_PARTIAL = gl.constexpr(L_PARTIAL)
 
     @gluon.jit
     def _q8_to_smem(q):
@@ -179,7 +207,8 @@ if HAS_GLUON:
 
     @gluon.jit
     def _softmax8(s, m, c, start_n, keys, MASKED: gl.constexpr):
-        """(m_new, alpha, P~ as the 8-bit A operand) of folded scores s, with the `tl` FP8 kernel's
+        """(m_new, alpha, P~'s values (fp32, E4M3 values but for P_CVT's rounding) in the 8-bit A
+        operand's layout, to be cast by `_e4m3x4`) of folded scores s, with the `tl` FP8 kernel's
         operations (`fp8_p_tile`, its E4M3 rounding); MASKED: keys past Lk get -inf (before the
         factor c, as the `tl` kernel's mask), and the tile's row sums l_tile (PNQ's l)."""
         BN: gl.constexpr = s.shape[1]
@@ -198,8 +227,28 @@ if HAS_GLUON:
         # PNQ's l in fp32 from the values the bytes hold (with P_CVT, below 2**-16 of the row's
         # largest value, before the conversion's rounding: a change of l under 2**-12 of a row
         # sum): the FP8 accumulator's sums moved the weights' row sums off 1 by up to 3.6e-3.
-        l_tile = gl.sum(gl.sum(r3, 2), 1)  # within each block, then the blocks: m's layout
-        return m_new, alpha, _e4m3x4(gl.convert_layout(_key_slots(r3), dot_a)), l_tile
+        l_tile = _l_sums(r3, keys.L_PARTIAL)
+        return m_new, alpha, gl.convert_layout(_key_slots(r3), dot_a), l_tile
+
+    @gluon.jit
+    def _l_sums(r3, L_PARTIAL: gl.constexpr):
+        """A tile's row sums of r3 [R, BN / 32, 32] (in the accumulator's layout): L_PARTIAL each
+        thread's own, [R, 4] (lane t of a row's quad holds keys 8 i + 2 t + e of every block), else the
+        rows' [R] (within each block, then the blocks: m's layout)."""
+        if L_PARTIAL:
+            R: gl.constexpr = r3.shape[0]
+            NB: gl.constexpr = r3.shape[1]
+            return gl.sum(gl.sum(gl.sum(gl.reshape(r3, [R, NB, 4, 4, 2]), 4), 2), 1)
+        else:
+            return gl.sum(gl.sum(r3, 2), 1)
+
+    @gluon.jit
+    def _l_fma(l, alpha, l_tile, L_PARTIAL: gl.constexpr):
+        """l alpha + l_tile per row (alpha [R] in m's layout; l, l_tile as `_l_sums` gives them)."""
+        if L_PARTIAL:
+            return gl.fma(l, gl.convert_layout(alpha, gl.SliceLayout(1, l.type.layout))[:, None], l_tile)
+        else:
+            return gl.fma(l, alpha, l_tile)
 
     @gluon.jit
     def _e4m3x4(x):
@@ -249,12 +298,13 @@ if HAS_GLUON:
         s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(slot)])
         mbarrier.arrive(ring.k_empty.index(slot))
         m, alpha, p, l_tile = _softmax8(s, m, c, j * BN, keys, MASKED)
+        p = _e4m3x4(p)
         mbarrier.wait(ring.v_ready.index(slot), phase)
         acc = _pv8(p, ring, slot, zero)
         acc, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(slot)])
         mbarrier.arrive(ring.v_empty.index(slot))
         o = gl.fma(o, _rows_of(alpha, mma), acc)
-        l = gl.fma(l, alpha, l_tile)
+        l = _l_fma(l, alpha, l_tile, keys.L_PARTIAL)
         return m, l, o
 
     @gluon.jit
@@ -276,6 +326,7 @@ if HAS_GLUON:
             s, _k_done = warpgroup_mma_wait(1, deps=[s, ring.k.index(slot)])
             mbarrier.arrive(ring.k_empty.index(slot))
             m, alpha, p_next, l_next = _softmax8(s, m, c, j * BN, keys, MASKED)
+            p_next = _e4m3x4(p_next)
             # The wait behind an always-true branch (tile j holds keys), as `attention_fwd_hopper`'s
             # step: else ptxas hoists it above the softmax's last exps.
             if j * BN < keys.Lk:
@@ -285,17 +336,18 @@ if HAS_GLUON:
                 done, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(prev)])
             mbarrier.arrive(ring.v_empty.index(prev))
             o = gl.fma(o, _rows_of(alpha_prev, mma), done)
-            l = gl.fma(l, alpha_prev, l_prev)
+            l = _l_fma(l, alpha_prev, l_prev, keys.L_PARTIAL)
         else:
             acc = _pv8(p, ring, prev, zero)
             acc, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(prev)])
             mbarrier.arrive(ring.v_empty.index(prev))
             o = gl.fma(o, _rows_of(alpha_prev, mma), acc)
-            l = gl.fma(l, alpha_prev, l_prev)
+            l = _l_fma(l, alpha_prev, l_prev, keys.L_PARTIAL)
             s = _qk8(q.q_smem, ring, slot, zero)
             s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(slot)])
             mbarrier.arrive(ring.k_empty.index(slot))
             m, alpha, p_next, l_next = _softmax8(s, m, c, j * BN, keys, MASKED)
+            p_next = _e4m3x4(p_next)
         return m, l, o, alpha, p_next, l_next
 
     @gluon.jit
@@ -317,7 +369,8 @@ if HAS_GLUON:
         m = gl.max(
             gl.max(gl.reshape(gl.full([R, BN], float("-inf"), gl.float32, mma), [R, BN // 32, 32]), 2), 1
         )
-        l = gl.zeros_like(m)  # folded row sums
+        # folded row sums (`_l_sums`' layout)
+        l = _l_sums(gl.reshape(gl.zeros([R, BN], gl.float32, mma), [R, BN // 32, 32]), keys.L_PARTIAL)
         c = gl.load(q.RowScale + q.q_row0 + gl.arange(0, R, layout=m.type.layout))
         n_tiles = keys.n_tiles
         n_full = keys.Lk // BN  # tiles whose keys are all valid: no select on their scores
@@ -327,6 +380,7 @@ if HAS_GLUON:
             s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(0)])
             mbarrier.arrive(ring.k_empty.index(0))
             m, alpha, p, lp = _softmax8(s, m, c, 0, keys, True)
+            p = _e4m3x4(p)
             for j in range(1, n_full):
                 m, l, o, alpha, p, lp = _step8(j, m, l, o, alpha, p, lp, c, q, ring, zero, keys, False)
             for j in range(gl.maximum(n_full, 1), n_tiles):
@@ -337,7 +391,7 @@ if HAS_GLUON:
             acc, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(last)])
             mbarrier.arrive(ring.v_empty.index(last))
             o = gl.fma(o, _rows_of(alpha, mma), acc)
-            l = gl.fma(l, alpha, lp)
+            l = _l_fma(l, alpha, lp, keys.L_PARTIAL)
         else:
             for j in range(0, n_full):
                 m, l, o = _tile8(j, m, l, o, c, q, ring, zero, keys, False)
@@ -345,6 +399,8 @@ if HAS_GLUON:
                 m, l, o = _tile8(j, m, l, o, c, q, ring, zero, keys, True)
 
         # O and lse in the layout of O~'s rows (the `tl` FP8 kernel's finish).
+        if keys.L_PARTIAL:
+            l = gl.sum(l, 1)  # the 4 lanes' partial sums of each row, once
         l_rows = gl.convert_layout(l, gl.SliceLayout(1, mma))
         m_rows = gl.convert_layout(m, gl.SliceLayout(1, mma))
         cols = gl.arange(0, DV, layout=gl.SliceLayout(0, mma))
@@ -391,6 +447,7 @@ if HAS_GLUON:
         CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
         OVERLAP: gl.constexpr,
+        L_PARTIAL: gl.constexpr = L_PARTIAL,
     ):
         BN: gl.constexpr = k_desc.block_type.shape[0]
         DV: gl.constexpr = v_desc.block_type.shape[0]
@@ -406,9 +463,8 @@ if HAS_GLUON:
             pid_m, LQP, Lk, Lq, b, h, bh, stride_ob, stride_oh, R, BN
         )
         ring = KVRing(k_smem, v_smem, k_smem, k_ready, v_ready, k_empty, v_empty, False)
-        keys = KeyLoop8(
-            Lk, n_tiles, ColScale, bhk.to(gl.int64) * DV, (PNQ, CEIL, Q_EXP, Q_MANT, P_CVT), OVERLAP
-        )
+        cast = (PNQ, CEIL, Q_EXP, Q_MANT, P_CVT)
+        keys = KeyLoop8(Lk, n_tiles, ColScale, bhk.to(gl.int64) * DV, cast, OVERLAP, L_PARTIAL)
         epi = Epilogue(Out, Lse, None, b, h, out_base, lse_base, stride_om, stride_od, Lq, OUT_MAX, False)
         gl.warp_specialize(
             [

@@ -36,8 +36,9 @@ Structure (one CTA per 128 query rows of one (batch, head)), as `attention_fwd_h
   within each thread.
 - per key tile j (`_tile8`): S_j, its softmax and P~_j's row sums, then P~_j V^_j,
   O~ = fma(O~, alpha_j, P~_j V^_j); the other consumer's
-  wgmmas run under each softmax. The intra-warpgroup overlap (OVERLAP: S_{j+1} in flight beside
-  P~_j V^_j) is there to be timed, off by default (see OVERLAP).
+  wgmmas run under each softmax. The intra-warpgroup overlaps (OVERLAP 1: S_{j+1} in flight beside
+  P~_j V^_j; 2: S_{j+1} in flight under S_j's softmax, `_ahead8`) are there to be timed, off by
+  default (see OVERLAP).
 """
 
 from __future__ import annotations
@@ -60,12 +61,14 @@ HEAD_DIM, BLOCK_M, BLOCK_N = hopper.HEAD_DIM, hopper.BLOCK_M, hopper.BLOCK_N
 # K^ / V^ ring stages (16 KiB + 16 KiB each), registers per consumer / producer thread (setmaxnreg).
 STAGES, CONSUMER_REGS, PRODUCER_REGS = 2, 240, 24
 NUM_WARPS = 4  # the default partition's (consumer 0's) warps
-# S_{j+1} and P~_j V^_j in flight together (the exact Gluon forward's schedule). Off: the kernel is
-# bound by issue slots, not by waiting for its wgmmas (the other consumer's run under each softmax),
-# and the overlap carries P~ from one iteration to the next, which the compiler does as bytes split
-# and packed again: 1161 SASS instructions per key tile and consumer against 908 without (176 PRMT;
-# carrying P~'s fp32 values instead spills 1736 bytes). Triton 3.6, benchmarks/fp8_gluon_build.py;
-# `VARIANTS` names the schedules benchmarks/fp8_variants.py times.
+# The schedule within a consumer. 1: S_{j+1} and P~_j V^_j in flight together (the exact Gluon
+# forward's schedule); it carries P~ from one iteration to the next, which the compiler does as bytes
+# split and packed again: 1161 SASS instructions per key tile and consumer against 908 without (176
+# PRMT; carrying P~'s fp32 values instead spills 1736 bytes). 2 (`_ahead8`): S_{j+1} issued before
+# S_j's softmax, P~_j V^_j after it, both waited for at the end of the tile: only the fp32 scores
+# cross an iteration (912; ptxas issues S_{j+1} once S_j's registers are read, a third into the
+# softmax). Off: each consumer waits for its wgmmas, the other consumer's run under its softmax.
+# Triton 3.6, benchmarks/fp8_gluon_build.py; `VARIANTS` names the schedules fp8_variants.py times.
 OVERLAP = False
 # P~'s E4M3 rounding by the hardware conversion (cvt.rn.satfinite.e4m3x2.f32) on targets listed in
 # `targets.HW_E4M3_CAST`: exact on P~'s E2M1 x 2**k values, and equal to `cast.e4m3_round` on every
@@ -82,11 +85,13 @@ L_PARTIAL = True
 # Schedule variants of the kernel as constexpr overrides of the plan's spec (`variant_spec`): each
 # consumes the same P~ bytes; l and O~ differ by fp32 summation order only. SASS per key tile and
 # consumer (Triton 3.6, sm_90a): default 908, l_per_tile 940 (the shuffles of l each tile), overlap
-# 1161 (P~'s bytes carried), stages3 909 (112 KiB of shared memory against 80).
+# 1161 (P~'s bytes carried), qk_ahead 912 (`_ahead8`), stages3 909 (112 KiB of shared memory
+# against 80); none spills.
 VARIANTS: dict[str, dict[str, object]] = {
     "default": {},
     "l_per_tile": {"L_PARTIAL": False},
     "overlap": {"OVERLAP": True},
+    "qk_ahead": {"OVERLAP": 2},
     "stages3": {"STAGES": 3},
 }
 
@@ -308,6 +313,32 @@ if HAS_GLUON:
         return m, l, o
 
     @gluon.jit
+    def _ahead8(j, s, m, l, o, c, q, ring, zero, keys):
+        """Key tile j < n_tiles - 1 (all its keys valid) of OVERLAP == 2, S_j done (s): S_{j+1} issued
+        first, in flight under S_j's softmax, then P~_j V^_j; both waited for, O~ = fma(O~, alpha_j,
+        P~_j V^_j), l likewise; (m, l, O~, S_{j+1}). P~_j never crosses an iteration (S_{j+1} does, as
+        the fp32 accumulator it is)."""
+        BN: gl.constexpr = ring.k.type.shape[1]
+        STAGES: gl.constexpr = ring.STAGES
+        mma: gl.constexpr = o.type.layout
+        slot = j % STAGES
+        nxt = (j + 1) % STAGES
+        mbarrier.wait(ring.k_ready.index(nxt), ((j + 1) // STAGES) & 1)
+        s_next = _qk8(q.q_smem, ring, nxt, zero)
+        m, alpha, p, l_tile = _softmax8(s, m, c, j * BN, keys, False)
+        p = _e4m3x4(p)
+        mbarrier.wait(ring.v_ready.index(slot), (j // STAGES) & 1)
+        acc = _pv8(p, ring, slot, zero)
+        s_next, acc, _k_done, _v_done = warpgroup_mma_wait(
+            0, deps=[s_next, acc, ring.k.index(nxt), ring.v.index(slot)]
+        )
+        mbarrier.arrive(ring.k_empty.index(nxt))
+        mbarrier.arrive(ring.v_empty.index(slot))
+        o = gl.fma(o, _rows_of(alpha, mma), acc)
+        l = _l_fma(l, alpha, l_tile, keys.L_PARTIAL)
+        return m, l, o, s_next
+
+    @gluon.jit
     def _step8(j, m, l, o, alpha_prev, p, l_prev, c, q, ring, zero, keys, MASKED: gl.constexpr):
         """Key tile j >= 1: (m, l, O~ after tile j - 1, alpha_j, P~_j, its row sums): O~ =
         fma(O~, alpha_{j-1}, P~_{j-1} V^_{j-1}), l = fma(l, alpha_{j-1}, l_{j-1}). OVERLAP: S_j and those
@@ -374,7 +405,24 @@ if HAS_GLUON:
         c = gl.load(q.RowScale + q.q_row0 + gl.arange(0, R, layout=m.type.layout))
         n_tiles = keys.n_tiles
         n_full = keys.Lk // BN  # tiles whose keys are all valid: no select on their scores
-        if keys.OVERLAP:
+        if keys.OVERLAP == 2:
+            mbarrier.wait(ring.k_ready.index(0), 0)
+            s = _qk8(q_smem, ring, 0, zero)
+            s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(0)])
+            mbarrier.arrive(ring.k_empty.index(0))
+            for j in range(0, n_tiles - 1):  # n_tiles - 1 <= n_full: no key past Lk
+                m, l, o, s = _ahead8(j, s, m, l, o, c, q, ring, zero, keys)
+            # The last tile, masked whether or not it is full (a full tile's scores pass unchanged).
+            last = n_tiles - 1
+            m, alpha, p, l_tile = _softmax8(s, m, c, last * BN, keys, True)
+            p = _e4m3x4(p)
+            mbarrier.wait(ring.v_ready.index(last % STAGES), (last // STAGES) & 1)
+            acc = _pv8(p, ring, last % STAGES, zero)
+            acc, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(last % STAGES)])
+            mbarrier.arrive(ring.v_empty.index(last % STAGES))
+            o = gl.fma(o, _rows_of(alpha, mma), acc)
+            l = _l_fma(l, alpha, l_tile, keys.L_PARTIAL)
+        elif keys.OVERLAP:
             mbarrier.wait(ring.k_ready.index(0), 0)
             s = _qk8(q_smem, ring, 0, zero)
             s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(0)])

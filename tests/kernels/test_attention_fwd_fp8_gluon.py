@@ -189,6 +189,28 @@ def test_gluon_fp8_induced_weights_sum_to_one():
 
 
 @gpu
+def test_gluon_fp8_software_p_cast_is_in_the_build_only_without_p_cvt():
+    """P_CVT=False rounds P~ onto E4M3 in software (`cast.e4m3_round`: its constants 2**20 and 448 in
+    the PTX), P_CVT=True leaves it to the conversion (built offline for sm_90a, a few seconds of
+    CPU: here with the GPU tests, not in the CPU suite)."""
+    from mxattention.kernels.codegen import compile_offline
+
+    q, k, v = qkv(1, 2, 2, 256, 256, 128)
+    spec = plan.plan_call(FAST, q, k, v, scale=0.1, target=targets.SM_90A).fwd
+    f8 = torch.float8_e4m3fn
+    ops = (torch.empty(1, 2, 256, 128, dtype=f8), torch.empty(1, 2, 256), torch.empty(1, 2, 256, 128, dtype=f8),
+           torch.empty(1, 2, 128, 256, dtype=f8), torch.empty(1, 2, 128))  # fmt: skip
+    out = torch.empty(1, 2, 256, 128, dtype=torch.bfloat16)
+    for p_cvt in (False, True):
+        sp = dataclasses.replace(spec, constexprs=tuple(dict(spec.constexprs, P_CVT=p_cvt).items()))
+        _, call = fast_hopper.fast_gluon_launch(sp, *ops, lq=256, lk=256, group=1, out=out)
+        kw = dict(sp.constants, num_warps=sp.num_warps)
+        compiled, _ = compile_offline(fast_hopper._fast_fwd_hopper_kernel, call.args, kw, targets.SM_90A)
+        ptx = compiled.asm["ptx"]
+        assert ("0f49800000" in ptx and "0f43E00000" in ptx) is not p_cvt, p_cvt
+
+
+@gpu
 @pytest.mark.parametrize("variant", [n for n in fast_hopper.VARIANTS if n != "default"])
 def test_gluon_fp8_schedule_variants_agree_with_the_planned_kernel(variant):
     """Every schedule variant consumes the planned kernel's P~ bytes: O within 1e-3 (rel-L2; only

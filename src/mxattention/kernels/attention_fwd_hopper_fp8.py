@@ -148,24 +148,32 @@ if HAS_GLUON:
     @aggregate
     class KeyLoop8:
         """What every key tile reads: Lk keys in n_tiles tiles, ColScale + cs_base the KV head's
-        column anchors 2**a_v (fp32 [DV], applied once at the end), CAST = (PNQ, CEIL, Q_EXP, Q_MANT,
-        P_CVT) (constexprs: P~'s rule; P_CVT P~'s E4M3 rounding by the hardware conversion), OVERLAP
-        (constexpr: the schedule), L_PARTIAL (constexpr: l as per-thread partial sums, `L_PARTIAL`)."""
+        column anchors 2**a_v (fp32 [DV], applied once at the end), CEIL, Q_EXP, Q_MANT (P~'s rule),
+        P_CVT (P~'s E4M3 rounding by the hardware conversion), OVERLAP (the schedule), L_PARTIAL (l as
+        per-thread partial sums, `L_PARTIAL`): constexprs, each passed and kept on its own (a tuple of
+        them built in the kernel holds int32 / int1 scalars, and `P_CVT: gl.constexpr = ...` of such a
+        scalar is always true: P_CVT=False skipped the software rounding)."""
 
         Lk: _Int
         n_tiles: _Int
         ColScale: gl.tensor
         cs_base: gl.tensor
-        CAST: gl.tuple
+        CEIL: gl.constexpr
+        Q_EXP: gl.constexpr
+        Q_MANT: gl.constexpr
+        P_CVT: gl.constexpr
         OVERLAP: gl.constexpr
         L_PARTIAL: gl.constexpr
 
-        def __init__(self, Lk, n_tiles, ColScale, cs_base, CAST, OVERLAP, L_PARTIAL):
+        def __init__(self, Lk, n_tiles, ColScale, cs_base, CEIL, Q_EXP, Q_MANT, P_CVT, OVERLAP, L_PARTIAL):
             self.Lk = Lk
             self.n_tiles = n_tiles
             self.ColScale = ColScale
             self.cs_base = cs_base
-            self.CAST = CAST
+            self.CEIL = gl.constexpr(CEIL)
+            self.Q_EXP = gl.constexpr(Q_EXP)
+            self.Q_MANT = gl.constexpr(Q_MANT)
+            self.P_CVT = gl.constexpr(P_CVT)
             self.OVERLAP = gl.constexpr(OVERLAP)
             self.L_PARTIAL = gl.constexpr(L_PARTIAL)
 
@@ -217,12 +225,12 @@ if HAS_GLUON:
         operations (`fp8_p_tile`, its E4M3 rounding); MASKED: keys past Lk get -inf (before the
         factor c, as the `tl` kernel's mask), and the tile's row sums l_tile (PNQ's l)."""
         BN: gl.constexpr = s.shape[1]
-        P_CVT: gl.constexpr = keys.CAST[4]
+        P_CVT: gl.constexpr = keys.P_CVT
         dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s.type.layout, k_width=4)
         if MASKED:
             offs_n = start_n + gl.arange(0, BN, layout=gl.SliceLayout(0, s.type.layout))
             s = gl.where(offs_n[None, :] < keys.Lk, s, float("-inf"))
-        m_new, alpha, _p3, r3 = fp8_p_tile(s, m, c, keys.CAST[1], keys.CAST[2], keys.CAST[3], False)
+        m_new, alpha, _p3, r3 = fp8_p_tile(s, m, c, keys.CEIL, keys.Q_EXP, keys.Q_MANT, False)
         # The values in the A operand's layout first (fp32: a renaming of registers, `_key_slots`), then
         # the cast (`_e4m3x4`): P_CVT rounds by the hardware conversion (exact on P~'s E2M1 x 2**k
         # values, the nearest E4M3 below 2**-16 as `cast.e4m3_round`), else the values are E4M3
@@ -511,8 +519,8 @@ if HAS_GLUON:
             pid_m, LQP, Lk, Lq, b, h, bh, stride_ob, stride_oh, R, BN
         )
         ring = KVRing(k_smem, v_smem, k_smem, k_ready, v_ready, k_empty, v_empty, False)
-        cast = (PNQ, CEIL, Q_EXP, Q_MANT, P_CVT)
-        keys = KeyLoop8(Lk, n_tiles, ColScale, bhk.to(gl.int64) * DV, cast, OVERLAP, L_PARTIAL)
+        cs_base = bhk.to(gl.int64) * DV
+        keys = KeyLoop8(Lk, n_tiles, ColScale, cs_base, CEIL, Q_EXP, Q_MANT, P_CVT, OVERLAP, L_PARTIAL)
         epi = Epilogue(Out, Lse, None, b, h, out_base, lse_base, stride_om, stride_od, Lq, OUT_MAX, False)
         gl.warp_specialize(
             [

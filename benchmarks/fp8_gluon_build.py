@@ -70,7 +70,7 @@ def summarize_fast_gluon(target=None, **constexprs) -> dict:
         setmaxnreg=sorted({int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
         wgmma_serialized=wgmma_serialized(log), shared=compiled.metadata.shared,
         per_tile=[dict(instructions=len(b), qgmma=count(b, "QGMMA"), shfl=count(b, "SHFL"), prmt=count(b, "PRMT"),
-                       ex2=count(b, "MUFU.EX2"), pv_wait_after_exps=_last(b, "WARPGROUP.DEPBAR") > _last(b, "MUFU.EX2"))
+                       ex2=count(b, "MUFU.EX2"), bar=count(b, "BAR.SYNC"), pv_wait_after_exps=_last(b, "WARPGROUP.DEPBAR") > _last(b, "MUFU.EX2"))
                   for b in loops],
         compile_s=round(seconds, 2),
     )  # fmt: skip

@@ -84,15 +84,21 @@ L_PARTIAL = True
 
 # Schedule variants of the kernel as constexpr overrides of the plan's spec (`variant_spec`): each
 # consumes the same P~ bytes; l and O~ differ by fp32 summation order only. SASS per key tile and
-# consumer (Triton 3.6, sm_90a): default 908, l_per_tile 940 (the shuffles of l each tile), overlap
-# 1161 (P~'s bytes carried), qk_ahead 912 (`_ahead8`), stages3 909 (112 KiB of shared memory
-# against 80); none spills.
+# consumer, BAR.SYNC among them (Triton 3.6, sm_90a): default 908 (4), l_per_tile 940 (the shuffles
+# of l each tile), overlap 1161 (P~'s bytes carried), qk_ahead 912, stages3 909, qk_ahead3 920 (3),
+# joint_empty 904 (2), joint_empty3 905 (2), qk_ahead_joint3 916 (2); 3 stages take 112 KiB of shared
+# memory against 80; none spills. JOINT_EMPTY keeps a K^ slot until the tile's P~ V^ is done, so
+# the next K^ lands a tile later: with 2 stages the TMA may show; hence the 3-stage pairs.
 VARIANTS: dict[str, dict[str, object]] = {
     "default": {},
     "l_per_tile": {"L_PARTIAL": False},
     "overlap": {"OVERLAP": True},
     "qk_ahead": {"OVERLAP": 2},
     "stages3": {"STAGES": 3},
+    "qk_ahead3": {"OVERLAP": 2, "STAGES": 3},
+    "joint_empty": {"JOINT_EMPTY": True},
+    "joint_empty3": {"JOINT_EMPTY": True, "STAGES": 3},
+    "qk_ahead_joint3": {"OVERLAP": 2, "JOINT_EMPTY": True, "STAGES": 3},
 }
 
 
@@ -102,6 +108,12 @@ def variant_spec(spec: FwdSpec, name: str) -> FwdSpec:
         raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {name!r}")
     return FwdSpec(spec.kernel, tuple(dict(spec.constexprs, **VARIANTS[name]).items()), spec.num_warps)
 
+
+# One arrival per slot and consumer (after the tile's P~ V^) on a barrier that is both k_empty and
+# v_empty, instead of one on each: Triton's membar puts a warpgroup bar.sync before every mbarrier
+# arrive and before the next shared-memory access after one (the arrive counts as writing all of
+# shared memory), 4 per key tile, 2 with this. Off by default (to be timed: `VARIANTS`).
+JOINT_EMPTY = False
 
 if HAS_GLUON:
     from triton.experimental import gluon
@@ -150,7 +162,7 @@ if HAS_GLUON:
         """What every key tile reads: Lk keys in n_tiles tiles, ColScale + cs_base the KV head's
         column anchors 2**a_v (fp32 [DV], applied once at the end), CEIL, Q_EXP, Q_MANT (P~'s rule),
         P_CVT (P~'s E4M3 rounding by the hardware conversion), OVERLAP (the schedule), L_PARTIAL (l as
-        per-thread partial sums, `L_PARTIAL`): constexprs, each passed and kept on its own (a tuple of
+        per-thread partial sums, `L_PARTIAL`), JOINT_EMPTY (one release per slot, `JOINT_EMPTY`): constexprs, each passed and kept on its own (a tuple of
         them built in the kernel holds int32 / int1 scalars, and `P_CVT: gl.constexpr = ...` of such a
         scalar is always true: P_CVT=False skipped the software rounding)."""
 
@@ -164,8 +176,11 @@ if HAS_GLUON:
         P_CVT: gl.constexpr
         OVERLAP: gl.constexpr
         L_PARTIAL: gl.constexpr
+        JOINT_EMPTY: gl.constexpr
 
-        def __init__(self, Lk, n_tiles, ColScale, cs_base, CEIL, Q_EXP, Q_MANT, P_CVT, OVERLAP, L_PARTIAL):
+        def __init__(
+            self, Lk, n_tiles, ColScale, cs_base, CEIL, Q_EXP, Q_MANT, P_CVT, OVERLAP, L_PARTIAL, JOINT_EMPTY
+        ):
             self.Lk = Lk
             self.n_tiles = n_tiles
             self.ColScale = ColScale
@@ -176,6 +191,7 @@ if HAS_GLUON:
             self.P_CVT = gl.constexpr(P_CVT)
             self.OVERLAP = gl.constexpr(OVERLAP)
             self.L_PARTIAL = gl.constexpr(L_PARTIAL)
+            self.JOINT_EMPTY = gl.constexpr(JOINT_EMPTY)
 
     @gluon.jit
     def _q8_to_smem(q):
@@ -244,6 +260,13 @@ if HAS_GLUON:
         return m_new, alpha, gl.convert_layout(_key_slots(r3), dot_a), l_tile
 
     @gluon.jit
+    def _release_k(ring, slot, keys):
+        """This consumer is done with K^ slot `slot`: an arrival on k_empty, unless JOINT_EMPTY (then
+        v_empty is k_empty and the slot is released once, with V^, after the tile's P~ V^)."""
+        if not keys.JOINT_EMPTY:
+            mbarrier.arrive(ring.k_empty.index(slot))
+
+    @gluon.jit
     def _l_sums(r3, L_PARTIAL: gl.constexpr):
         """A tile's row sums of r3 [R, BN / 32, 32] (in the accumulator's layout): L_PARTIAL each
         thread's own, [R, 4] (lane t of a row's quad holds keys 8 i + 2 t + e of every block), else the
@@ -309,7 +332,7 @@ if HAS_GLUON:
         mbarrier.wait(ring.k_ready.index(slot), phase)
         s = _qk8(q.q_smem, ring, slot, zero)
         s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(slot)])
-        mbarrier.arrive(ring.k_empty.index(slot))
+        _release_k(ring, slot, keys)
         m, alpha, p, l_tile = _softmax8(s, m, c, j * BN, keys, MASKED)
         p = _e4m3x4(p)
         mbarrier.wait(ring.v_ready.index(slot), phase)
@@ -340,7 +363,7 @@ if HAS_GLUON:
         s_next, acc, _k_done, _v_done = warpgroup_mma_wait(
             0, deps=[s_next, acc, ring.k.index(nxt), ring.v.index(slot)]
         )
-        mbarrier.arrive(ring.k_empty.index(nxt))
+        _release_k(ring, nxt, keys)
         mbarrier.arrive(ring.v_empty.index(slot))
         o = gl.fma(o, _rows_of(alpha, mma), acc)
         l = _l_fma(l, alpha, l_tile, keys.L_PARTIAL)
@@ -363,7 +386,7 @@ if HAS_GLUON:
             s = _qk8(q.q_smem, ring, slot, zero)
             acc = _pv8(p, ring, prev, zero)
             s, _k_done = warpgroup_mma_wait(1, deps=[s, ring.k.index(slot)])
-            mbarrier.arrive(ring.k_empty.index(slot))
+            _release_k(ring, slot, keys)
             m, alpha, p_next, l_next = _softmax8(s, m, c, j * BN, keys, MASKED)
             p_next = _e4m3x4(p_next)
             # The wait behind an always-true branch (tile j holds keys), as `attention_fwd_hopper`'s
@@ -384,7 +407,7 @@ if HAS_GLUON:
             l = _l_fma(l, alpha_prev, l_prev, keys.L_PARTIAL)
             s = _qk8(q.q_smem, ring, slot, zero)
             s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(slot)])
-            mbarrier.arrive(ring.k_empty.index(slot))
+            _release_k(ring, slot, keys)
             m, alpha, p_next, l_next = _softmax8(s, m, c, j * BN, keys, MASKED)
             p_next = _e4m3x4(p_next)
         return m, l, o, alpha, p_next, l_next
@@ -417,7 +440,7 @@ if HAS_GLUON:
             mbarrier.wait(ring.k_ready.index(0), 0)
             s = _qk8(q_smem, ring, 0, zero)
             s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(0)])
-            mbarrier.arrive(ring.k_empty.index(0))
+            _release_k(ring, 0, keys)
             for j in range(0, n_tiles - 1):  # n_tiles - 1 <= n_full: no key past Lk
                 m, l, o, s = _ahead8(j, s, m, l, o, c, q, ring, zero, keys)
             # The last tile, masked whether or not it is full (a full tile's scores pass unchanged).
@@ -434,7 +457,7 @@ if HAS_GLUON:
             mbarrier.wait(ring.k_ready.index(0), 0)
             s = _qk8(q_smem, ring, 0, zero)
             s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(0)])
-            mbarrier.arrive(ring.k_empty.index(0))
+            _release_k(ring, 0, keys)
             m, alpha, p, lp = _softmax8(s, m, c, 0, keys, True)
             p = _e4m3x4(p)
             for j in range(1, n_full):
@@ -504,6 +527,7 @@ if HAS_GLUON:
         PRODUCER_REGS: gl.constexpr,
         OVERLAP: gl.constexpr,
         L_PARTIAL: gl.constexpr = L_PARTIAL,
+        JOINT_EMPTY: gl.constexpr = JOINT_EMPTY,
     ):
         BN: gl.constexpr = k_desc.block_type.shape[0]
         DV: gl.constexpr = v_desc.block_type.shape[0]
@@ -518,9 +542,14 @@ if HAS_GLUON:
         n_tiles, row0, q_row0, out_base, lse_base = _tile_rows(
             pid_m, LQP, Lk, Lq, b, h, bh, stride_ob, stride_oh, R, BN
         )
-        ring = KVRing(k_smem, v_smem, k_smem, k_ready, v_ready, k_empty, v_empty, False)
+        if JOINT_EMPTY:  # the producer's second wait (v_empty) finds the phase its first waited for
+            ring = KVRing(k_smem, v_smem, k_smem, k_ready, v_ready, k_empty, k_empty, False)
+        else:
+            ring = KVRing(k_smem, v_smem, k_smem, k_ready, v_ready, k_empty, v_empty, False)
         cs_base = bhk.to(gl.int64) * DV
-        keys = KeyLoop8(Lk, n_tiles, ColScale, cs_base, CEIL, Q_EXP, Q_MANT, P_CVT, OVERLAP, L_PARTIAL)
+        keys = KeyLoop8(
+            Lk, n_tiles, ColScale, cs_base, CEIL, Q_EXP, Q_MANT, P_CVT, OVERLAP, L_PARTIAL, JOINT_EMPTY
+        )
         epi = Epilogue(Out, Lse, None, b, h, out_base, lse_base, stride_om, stride_od, Lq, OUT_MAX, False)
         gl.warp_specialize(
             [

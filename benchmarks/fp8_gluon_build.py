@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--p-cvt", type=int, choices=(0, 1), default=None, help="P_CVT (default: the plan's)")
     ap.add_argument(
-        "--overlap", type=int, choices=(0, 1, 2), default=None, help="OVERLAP (default: the module's)"
+        "--overlap", type=int, choices=(0, 1, 2, 3), default=None, help="OVERLAP (default: the module's)"
     )
     ap.add_argument(
         "--set", action="append", default=[], metavar="NAME=INT",

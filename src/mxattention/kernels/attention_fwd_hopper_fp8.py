@@ -67,7 +67,8 @@ NUM_WARPS = 4  # the default partition's (consumer 0's) warps
 # PRMT; carrying P~'s fp32 values instead spills 1736 bytes). 2 (`_ahead8`): S_{j+1} issued before
 # S_j's softmax, P~_j V^_j after it, both waited for at the end of the tile: only the fp32 scores
 # cross an iteration (912; ptxas issues S_{j+1} once S_j's registers are read, a third into the
-# softmax). Off: each consumer waits for its wgmmas, the other consumer's run under its softmax.
+# softmax). 3: 2, two tiles per iteration, so S_{j+1} may take other registers than S_j: ptxas
+# issues the first tile's S_{j+1} before its exps, but spills. Off: each consumer waits for its wgmmas, the other consumer's run under its softmax.
 # Triton 3.6, benchmarks/fp8_gluon_build.py; `VARIANTS` names the schedules fp8_variants.py times.
 OVERLAP = False
 # P~'s E4M3 rounding by the hardware conversion (cvt.rn.satfinite.e4m3x2.f32) on targets listed in
@@ -87,7 +88,8 @@ L_PARTIAL = True
 # consumer, BAR.SYNC among them (Triton 3.6, sm_90a): default 908 (4), l_per_tile 940 (the shuffles
 # of l each tile), overlap 1161 (P~'s bytes carried), qk_ahead 912, stages3 909, qk_ahead3 920 (3),
 # joint_empty 904 (2), joint_empty3 905 (2), qk_ahead_joint3 916 (2); 3 stages take 112 KiB of shared
-# memory against 80; none spills. JOINT_EMPTY keeps a K^ slot until the tile's P~ V^ is done, so
+# memory against 80; none spills but qk_ahead2x (935 per tile and 52 local loads / stores: 1216 bytes
+# of spill stores). JOINT_EMPTY keeps a K^ slot until the tile's P~ V^ is done, so
 # the next K^ lands a tile later: with 2 stages the TMA may show; hence the 3-stage pairs.
 VARIANTS: dict[str, dict[str, object]] = {
     "default": {},
@@ -99,6 +101,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "joint_empty": {"JOINT_EMPTY": True},
     "joint_empty3": {"JOINT_EMPTY": True, "STAGES": 3},
     "qk_ahead_joint3": {"OVERLAP": 2, "JOINT_EMPTY": True, "STAGES": 3},
+    "qk_ahead2x": {"OVERLAP": 3},
 }
 
 
@@ -436,13 +439,23 @@ if HAS_GLUON:
         c = gl.load(q.RowScale + q.q_row0 + gl.arange(0, R, layout=m.type.layout))
         n_tiles = keys.n_tiles
         n_full = keys.Lk // BN  # tiles whose keys are all valid: no select on their scores
-        if keys.OVERLAP == 2:
+        if keys.OVERLAP >= 2:
             mbarrier.wait(ring.k_ready.index(0), 0)
             s = _qk8(q_smem, ring, 0, zero)
             s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(0)])
             _release_k(ring, 0, keys)
-            for j in range(0, n_tiles - 1):  # n_tiles - 1 <= n_full: no key past Lk
-                m, l, o, s = _ahead8(j, s, m, l, o, c, q, ring, zero, keys)
+            if keys.OVERLAP == 3:
+                # Two tiles per iteration: S_{j+1} need not take S_j's registers (the loop's
+                # back edge ties S_{j+2} to them), so ptxas may issue it before S_j's softmax.
+                n_pairs = (n_tiles - 1) // 2
+                for i in range(0, n_pairs):
+                    m, l, o, s = _ahead8(2 * i, s, m, l, o, c, q, ring, zero, keys)
+                    m, l, o, s = _ahead8(2 * i + 1, s, m, l, o, c, q, ring, zero, keys)
+                for j in range(2 * n_pairs, n_tiles - 1):
+                    m, l, o, s = _ahead8(j, s, m, l, o, c, q, ring, zero, keys)
+            else:
+                for j in range(0, n_tiles - 1):  # n_tiles - 1 <= n_full: no key past Lk
+                    m, l, o, s = _ahead8(j, s, m, l, o, c, q, ring, zero, keys)
             # The last tile, masked whether or not it is full (a full tile's scores pass unchanged).
             last = n_tiles - 1
             m, alpha, p, l_tile = _softmax8(s, m, c, last * BN, keys, True)

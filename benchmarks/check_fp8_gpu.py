@@ -24,7 +24,7 @@ build is reported and the rest go on):
    128) and (1, 40, 32760, 512, 128) bf16: cuDNN SDPA, the exact mxattention (whole call), the fast
    mode's whole call (the public entry, and `fused_attention` with each kernel), each kernel alone on
    prepared operands (the `tl` one in two tilings, the Gluon one as planned, with the software P~
-   rounding, with the overlap, with 3 ring stages), and the pre-pass + fold alone.
+   rounding, with either overlap, with l summed per tile, with 3 ring stages), and the pre-pass + fold alone.
 
 Writes DIR/check_fp8_gpu.json and prints a table. Exits 1 if a hard check fails (a fast kernel's
 deviation from the exact method over 2 % of the method's own error, non-finite outputs where the
@@ -314,6 +314,7 @@ def build_info() -> dict:
             ("gluon", {}),
             ("gluon_sw_p", {"P_CVT": False}),
             ("gluon_overlap", {"OVERLAP": True}),
+            ("gluon_qk_ahead", {"OVERLAP": 2}),
         ):
             try:
                 info[name] = summarize_fast_gluon(target, **kw)
@@ -429,6 +430,8 @@ def speed_shape(name: str, shape, rep_ms: float, warmup_s: float, log) -> dict:
         "fast_kernel_gluon": gluon_kernel(),
         "fast_kernel_gluon_sw_p": gluon_kernel(P_CVT=False),
         "fast_kernel_gluon_overlap": gluon_kernel(OVERLAP=True),
+        "fast_kernel_gluon_qk_ahead": gluon_kernel(OVERLAP=2),
+        "fast_kernel_gluon_l_per_tile": gluon_kernel(L_PARTIAL=False),
         "fast_kernel_gluon_3_stages": gluon_kernel(STAGES=3),
     }
     flop = 4.0 * lq * lk * d * h
@@ -453,7 +456,8 @@ def speed_shape(name: str, shape, rep_ms: float, warmup_s: float, log) -> dict:
 TABLE_ROWS = (
     "sdpa_cudnn", "mx_exact", "mx_exact_public", "mx_fast_public", "mx_fast_call_tl", "mx_fast_call_gluon",
     "fast_prepass_and_fold", "fast_kernel_tl_w8_s2", "fast_kernel_tl_w4_s2_bm64", "fast_kernel_gluon",
-    "fast_kernel_gluon_sw_p", "fast_kernel_gluon_overlap", "fast_kernel_gluon_3_stages",
+    "fast_kernel_gluon_sw_p", "fast_kernel_gluon_overlap", "fast_kernel_gluon_qk_ahead",
+    "fast_kernel_gluon_l_per_tile", "fast_kernel_gluon_3_stages",
 )  # fmt: skip
 
 

@@ -1,6 +1,6 @@
 """The fast mode's Gluon forward (`kernels.attention_fwd_hopper_fp8`) built offline for sm_90a, and read.
 
-    PYTHONPATH=src python benchmarks/fp8_gluon_build.py [--p-cvt 0|1] [--overlap 0|1]
+    PYTHONPATH=src python benchmarks/fp8_gluon_build.py [--p-cvt 0|1] [--overlap 0|1|2] [--set NAME=INT ...]
 
 (add /work/t36 or another Triton in front of PYTHONPATH to build with it; no GPU needed). Prints one
 JSON line: the FP8 wgmma instructions in the PTX by kind, spills (ptxas, and `.local` in the PTX),
@@ -63,13 +63,14 @@ def summarize_fast_gluon(target=None, **constexprs) -> dict:
         return sum(op.startswith(prefix) for op in b)
 
     return dict(
-        target=target.name, triton=triton.__version__, constexprs={k: spec.constants[k] for k in ("P_CVT", "OVERLAP")},
+        target=target.name, triton=triton.__version__,
+        constexprs={k: spec.constants.get(k) for k in ("P_CVT", "OVERLAP", "STAGES", *constexprs)},
         wgmma=dict(Counter(re.findall(r"wgmma\.mma_async\S*", ptx))), ptx_local=len(re.findall(r"\.local\b", ptx)),
         registers=int(regs[1]) if regs else None, spill_store_bytes=int(spills[1]) if spills else None,
         setmaxnreg=sorted({int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
         wgmma_serialized=wgmma_serialized(log), shared=compiled.metadata.shared,
         per_tile=[dict(instructions=len(b), qgmma=count(b, "QGMMA"), shfl=count(b, "SHFL"), prmt=count(b, "PRMT"),
-                       ex2=count(b, "MUFU.EX2"), pv_wait_after_exps=_last(b, "WARPGROUP.DEPBAR") > _last(b, "MUFU.EX2"))
+                       ex2=count(b, "MUFU.EX2"), bar=count(b, "BAR.SYNC"), pv_wait_after_exps=_last(b, "WARPGROUP.DEPBAR") > _last(b, "MUFU.EX2"))
                   for b in loops],
         compile_s=round(seconds, 2),
     )  # fmt: skip
@@ -79,14 +80,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--p-cvt", type=int, choices=(0, 1), default=None, help="P_CVT (default: the plan's)")
     ap.add_argument(
-        "--overlap", type=int, choices=(0, 1), default=None, help="OVERLAP (default: the module's)"
+        "--overlap", type=int, choices=(0, 1, 2, 3), default=None, help="OVERLAP (default: the module's)"
     )
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="NAME=INT",
+        help="another constexpr of the kernel, e.g. STAGES=3, L_PARTIAL=0 (repeatable)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     kw = {}
+    for item in args.set:
+        name, _, value = item.partition("=")
+        if not name or not value.lstrip("-").isdigit():
+            ap.error(f"--set expects NAME=INT, got {item!r}")
+        kw[name] = int(value) if name == "STAGES" else bool(int(value))
     if args.p_cvt is not None:
         kw["P_CVT"] = bool(args.p_cvt)
     if args.overlap is not None:
-        kw["OVERLAP"] = bool(args.overlap)
+        kw["OVERLAP"] = args.overlap
     print(json.dumps(summarize_fast_gluon(**kw)))
     return 0
 

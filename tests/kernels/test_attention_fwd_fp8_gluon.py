@@ -62,6 +62,23 @@ def test_planner_gives_the_gluon_fp8_kernel_the_dense_head_dim_128_calls_on_sm_9
     assert plan.plan_call(FAST, q, k, v, scale=0.1).fwd.constants["P_CVT"] is False
 
 
+def test_schedule_variants_override_only_their_constexprs_of_the_kernel(monkeypatch):
+    """Each of `VARIANTS` (what benchmarks/fp8_variants.py times) names parameters of the kernel and
+    changes only those of the planned spec; an unknown name is refused."""
+    q, k, v = qkv(1, 2, 2, 130, 200, 128)
+    _on(monkeypatch, targets.SM_90A)
+    spec = plan.plan_call(FAST, q, k, v, scale=0.1).fwd
+    params = set(fast_hopper._fast_fwd_hopper_kernel.arg_names)
+    for name, over in fast_hopper.VARIANTS.items():
+        assert set(over) <= params, name
+        got = fast_hopper.variant_spec(spec, name)
+        assert got.kernel is spec.kernel and got.num_warps == spec.num_warps
+        assert got.constants == {**spec.constants, **over}, name
+    assert fast_hopper.variant_spec(spec, "default") == spec
+    with pytest.raises(ValueError, match="variant must be one of"):
+        fast_hopper.variant_spec(spec, "overlap2")
+
+
 def test_planner_keeps_the_tl_fp8_kernel_off_sm_90(monkeypatch):
     q, k, v = qkv(1, 2, 2, 130, 200, 128)
     assert plan.plan_call(FAST, q, k, v, scale=0.1, target=None).fwd_kernel == "tl"  # the interpreter
@@ -169,3 +186,46 @@ def test_gluon_fp8_induced_weights_sum_to_one():
     w = fused_attention(q, k, v, FAST, scale=128**-0.5, fwd_kernel="gluon").out
     assert torch.isfinite(w).all()
     assert (w.sum(-1) - 1).abs().max().item() <= 1e-3
+
+
+@gpu
+def test_gluon_fp8_software_p_cast_is_in_the_build_only_without_p_cvt():
+    """P_CVT=False rounds P~ onto E4M3 in software (`cast.e4m3_round`: its constants 2**20 and 448 in
+    the PTX), P_CVT=True leaves it to the conversion (built offline for sm_90a, a few seconds of
+    CPU: here with the GPU tests, not in the CPU suite)."""
+    from mxattention.kernels.codegen import compile_offline
+
+    q, k, v = qkv(1, 2, 2, 256, 256, 128)
+    spec = plan.plan_call(FAST, q, k, v, scale=0.1, target=targets.SM_90A).fwd
+    f8 = torch.float8_e4m3fn
+    ops = (torch.empty(1, 2, 256, 128, dtype=f8), torch.empty(1, 2, 256), torch.empty(1, 2, 256, 128, dtype=f8),
+           torch.empty(1, 2, 128, 256, dtype=f8), torch.empty(1, 2, 128))  # fmt: skip
+    out = torch.empty(1, 2, 256, 128, dtype=torch.bfloat16)
+    for p_cvt in (False, True):
+        sp = dataclasses.replace(spec, constexprs=tuple(dict(spec.constexprs, P_CVT=p_cvt).items()))
+        _, call = fast_hopper.fast_gluon_launch(sp, *ops, lq=256, lk=256, group=1, out=out)
+        kw = dict(sp.constants, num_warps=sp.num_warps)
+        compiled, _ = compile_offline(fast_hopper._fast_fwd_hopper_kernel, call.args, kw, targets.SM_90A)
+        ptx = compiled.asm["ptx"]
+        assert ("0f49800000" in ptx and "0f43E00000" in ptx) is not p_cvt, p_cvt
+
+
+@gpu
+@pytest.mark.parametrize("variant", [n for n in fast_hopper.VARIANTS if n != "default"])
+def test_gluon_fp8_schedule_variants_agree_with_the_planned_kernel(variant):
+    """Every schedule variant consumes the planned kernel's P~ bytes: O within 1e-3 (rel-L2; only
+    the fp32 order of l's and O~'s sums differ), lse as the `tl` kernel's, rows of the induced
+    weights summing to 1 within 1e-3 (V = identity tiled over 1000 keys: 8 tiles, so the ring's
+    slots and phases wrap; fp32 Q, K with a zero row)."""
+    q, k, _ = _inputs("spread", (1, 4, 4, 600, 1000), seed=7)
+    q, k = q.float() * 3, k.float() * 3
+    q[:, :, 5] = 0.0
+    v = torch.eye(128, device="cuda").repeat(8, 1)[:1000].expand(1, 4, 1000, 128).contiguous()
+    p = plan.plan_call(FAST, q, k, v, scale=128**-0.5)
+    alt = dataclasses.replace(p, fwd=fast_hopper.variant_spec(p.fwd, variant))
+    got, want = (fused_attention(q, k, v, FAST, scale=128**-0.5, plan=x) for x in (alt, p))
+    a, b = got.out.double(), want.out.double()
+    assert torch.isfinite(a).all()
+    assert ((a - b).norm() / b.norm()).item() <= 1e-3
+    assert torch.allclose(got.lse, want.lse, rtol=2**-20, atol=1e-3)
+    assert (a.sum(-1) - 1).abs().max().item() <= 1e-3

@@ -11,8 +11,9 @@ no varlen kernel and no Q smoothing), PNQ on; any lengths, GQA. The same operati
 by FP8 (e4m3) wgmma m64n128k32 from a fresh accumulator, the softmax step and P~'s E2M1 rounding
 times 2**8 (`attention_fwd_fp8.fp8_p_tile`, the `tl` kernel's own function), P~'s E4M3 rounding
 (software, or the hardware conversion where the plan says `P_CVT`), l the fp32 sum of the values
-the MMA reads (PNQ, as the `tl` kernel sums them: the FP8 accumulator's sums moved the weights' row
-sums off 1 by up to 3.6e-3, against issue 29's bound of 1e-3), each tile's
+the MMA reads (PNQ, as the `tl` kernel sums them, in another fp32 order: each thread's partial sums
+across the key loop, `L_PARTIAL`; the FP8 accumulator's sums moved the weights' row sums off 1 by up
+to 3.6e-3, against issue 29's bound of 1e-3), each tile's
 P~ V^ in a fresh fp32 accumulator added by one fma `O~ = O~ alpha + acc`, then O = O~ / l per
 column times 2**a_v (`attention_fwd_fp8.fp8_finish_o`). The P~ V^ products of a k-step (32 keys)
 come in `key_slot` order, so they equal the `tl` kernel's up to how the FP8 accumulator treats
@@ -35,8 +36,9 @@ Structure (one CTA per 128 query rows of one (batch, head)), as `attention_fwd_h
   within each thread.
 - per key tile j (`_tile8`): S_j, its softmax and P~_j's row sums, then P~_j V^_j,
   O~ = fma(O~, alpha_j, P~_j V^_j); the other consumer's
-  wgmmas run under each softmax. The intra-warpgroup overlap (OVERLAP: S_{j+1} in flight beside
-  P~_j V^_j) is there to be timed, off by default (see OVERLAP).
+  wgmmas run under each softmax. The intra-warpgroup overlaps (OVERLAP 1: S_{j+1} in flight beside
+  P~_j V^_j; 2: S_{j+1} in flight under S_j's softmax, `_ahead8`) are there to be timed, off by
+  default (see OVERLAP).
 """
 
 from __future__ import annotations
@@ -59,11 +61,15 @@ HEAD_DIM, BLOCK_M, BLOCK_N = hopper.HEAD_DIM, hopper.BLOCK_M, hopper.BLOCK_N
 # K^ / V^ ring stages (16 KiB + 16 KiB each), registers per consumer / producer thread (setmaxnreg).
 STAGES, CONSUMER_REGS, PRODUCER_REGS = 2, 240, 24
 NUM_WARPS = 4  # the default partition's (consumer 0's) warps
-# S_{j+1} and P~_j V^_j in flight together (the exact Gluon forward's schedule). Off: the kernel is
-# bound by issue slots, not by waiting for its wgmmas (the other consumer's run under each softmax),
-# and the overlap carries P~ from one iteration to the next, which the compiler does as bytes split
-# and packed again: 1109 SASS instructions per key tile and consumer against 855 without
-# (`_tile8`; Triton 3.6, benchmarks/fp8_gluon_build.py). benchmarks/check_fp8_gpu.py times both.
+# The schedule within a consumer. 1: S_{j+1} and P~_j V^_j in flight together (the exact Gluon
+# forward's schedule); it carries P~ from one iteration to the next, which the compiler does as bytes
+# split and packed again: 1161 SASS instructions per key tile and consumer against 908 without (176
+# PRMT; carrying P~'s fp32 values instead spills 1736 bytes). 2 (`_ahead8`): S_{j+1} issued before
+# S_j's softmax, P~_j V^_j after it, both waited for at the end of the tile: only the fp32 scores
+# cross an iteration (912; ptxas issues S_{j+1} once S_j's registers are read, a third into the
+# softmax). 3: 2, two tiles per iteration, so S_{j+1} may take other registers than S_j: ptxas
+# issues the first tile's S_{j+1} before its exps, but spills. Off: each consumer waits for its wgmmas, the other consumer's run under its softmax.
+# Triton 3.6, benchmarks/fp8_gluon_build.py; `VARIANTS` names the schedules fp8_variants.py times.
 OVERLAP = False
 # P~'s E4M3 rounding by the hardware conversion (cvt.rn.satfinite.e4m3x2.f32) on targets listed in
 # `targets.HW_E4M3_CAST`: exact on P~'s E2M1 x 2**k values, and equal to `cast.e4m3_round` on every
@@ -71,6 +77,46 @@ OVERLAP = False
 # (tests/kernels/test_attention_fwd_fp8_gluon.py checks it on the GPU). Unlike the `tl` FP8 kernel
 # (`attention_fwd_fp8.HW_P_CAST`) it rounds the [R, BN] fp32 tile, not a 3-D view of bytes.
 HW_P_CAST = True
+# PNQ's l as each thread's partial sums (its 32 of a row's 128 values per tile, rescaled by alpha per
+# row as O~), summed across the 4 lanes of a row once, after the key loop (FlashAttention-3's way), not
+# per tile: the same values, summed in another fp32 order. Off: per tile, within each 32-key block
+# (8 values per thread, then the 4 lanes by shuffles), then the blocks.
+L_PARTIAL = True
+
+# Schedule variants of the kernel as constexpr overrides of the plan's spec (`variant_spec`): each
+# consumes the same P~ bytes; l and O~ differ by fp32 summation order only. SASS per key tile and
+# consumer, BAR.SYNC among them (Triton 3.6, sm_90a): default 908 (4), l_per_tile 940 (the shuffles
+# of l each tile), overlap 1161 (P~'s bytes carried), qk_ahead 912, stages3 909, qk_ahead3 920 (3),
+# joint_empty 904 (2), joint_empty3 905 (2), qk_ahead_joint3 916 (2); 3 stages take 112 KiB of shared
+# memory against 80; none spills but qk_ahead2x (935 per tile and 52 local loads / stores: 1216 bytes
+# of spill stores). JOINT_EMPTY keeps a K^ slot until the tile's P~ V^ is done, so
+# the next K^ lands a tile later: with 2 stages the TMA may show; hence the 3-stage pairs.
+VARIANTS: dict[str, dict[str, object]] = {
+    "default": {},
+    "l_per_tile": {"L_PARTIAL": False},
+    "overlap": {"OVERLAP": True},
+    "qk_ahead": {"OVERLAP": 2},
+    "stages3": {"STAGES": 3},
+    "qk_ahead3": {"OVERLAP": 2, "STAGES": 3},
+    "joint_empty": {"JOINT_EMPTY": True},
+    "joint_empty3": {"JOINT_EMPTY": True, "STAGES": 3},
+    "qk_ahead_joint3": {"OVERLAP": 2, "JOINT_EMPTY": True, "STAGES": 3},
+    "qk_ahead2x": {"OVERLAP": 3},
+}
+
+
+def variant_spec(spec: FwdSpec, name: str) -> FwdSpec:
+    """`spec` (`plan.gluon_fp8_fwd_spec`) with the constexprs of schedule variant `name` (`VARIANTS`)."""
+    if name not in VARIANTS:
+        raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {name!r}")
+    return FwdSpec(spec.kernel, tuple(dict(spec.constexprs, **VARIANTS[name]).items()), spec.num_warps)
+
+
+# One arrival per slot and consumer (after the tile's P~ V^) on a barrier that is both k_empty and
+# v_empty, instead of one on each: Triton's membar puts a warpgroup bar.sync before every mbarrier
+# arrive and before the next shared-memory access after one (the arrive counts as writing all of
+# shared memory), 4 per key tile, 2 with this. Off by default (to be timed: `VARIANTS`).
+JOINT_EMPTY = False
 
 if HAS_GLUON:
     from triton.experimental import gluon
@@ -117,24 +163,38 @@ if HAS_GLUON:
     @aggregate
     class KeyLoop8:
         """What every key tile reads: Lk keys in n_tiles tiles, ColScale + cs_base the KV head's
-        column anchors 2**a_v (fp32 [DV], applied once at the end), CAST = (PNQ, CEIL, Q_EXP, Q_MANT,
-        P_CVT) (constexprs: P~'s rule; P_CVT P~'s E4M3 rounding by the hardware conversion), OVERLAP
-        (constexpr: the schedule)."""
+        column anchors 2**a_v (fp32 [DV], applied once at the end), CEIL, Q_EXP, Q_MANT (P~'s rule),
+        P_CVT (P~'s E4M3 rounding by the hardware conversion), OVERLAP (the schedule), L_PARTIAL (l as
+        per-thread partial sums, `L_PARTIAL`), JOINT_EMPTY (one release per slot, `JOINT_EMPTY`): constexprs, each passed and kept on its own (a tuple of
+        them built in the kernel holds int32 / int1 scalars, and `P_CVT: gl.constexpr = ...` of such a
+        scalar is always true: P_CVT=False skipped the software rounding)."""
 
         Lk: _Int
         n_tiles: _Int
         ColScale: gl.tensor
         cs_base: gl.tensor
-        CAST: gl.tuple
+        CEIL: gl.constexpr
+        Q_EXP: gl.constexpr
+        Q_MANT: gl.constexpr
+        P_CVT: gl.constexpr
         OVERLAP: gl.constexpr
+        L_PARTIAL: gl.constexpr
+        JOINT_EMPTY: gl.constexpr
 
-        def __init__(self, Lk, n_tiles, ColScale, cs_base, CAST, OVERLAP):
+        def __init__(
+            self, Lk, n_tiles, ColScale, cs_base, CEIL, Q_EXP, Q_MANT, P_CVT, OVERLAP, L_PARTIAL, JOINT_EMPTY
+        ):
             self.Lk = Lk
             self.n_tiles = n_tiles
             self.ColScale = ColScale
             self.cs_base = cs_base
-            self.CAST = CAST
+            self.CEIL = gl.constexpr(CEIL)
+            self.Q_EXP = gl.constexpr(Q_EXP)
+            self.Q_MANT = gl.constexpr(Q_MANT)
+            self.P_CVT = gl.constexpr(P_CVT)
             self.OVERLAP = gl.constexpr(OVERLAP)
+            self.L_PARTIAL = gl.constexpr(L_PARTIAL)
+            self.JOINT_EMPTY = gl.constexpr(JOINT_EMPTY)
 
     @gluon.jit
     def _q8_to_smem(q):
@@ -179,16 +239,17 @@ if HAS_GLUON:
 
     @gluon.jit
     def _softmax8(s, m, c, start_n, keys, MASKED: gl.constexpr):
-        """(m_new, alpha, P~ as the 8-bit A operand) of folded scores s, with the `tl` FP8 kernel's
+        """(m_new, alpha, P~'s values (fp32, E4M3 values but for P_CVT's rounding) in the 8-bit A
+        operand's layout, to be cast by `_e4m3x4`) of folded scores s, with the `tl` FP8 kernel's
         operations (`fp8_p_tile`, its E4M3 rounding); MASKED: keys past Lk get -inf (before the
         factor c, as the `tl` kernel's mask), and the tile's row sums l_tile (PNQ's l)."""
         BN: gl.constexpr = s.shape[1]
-        P_CVT: gl.constexpr = keys.CAST[4]
+        P_CVT: gl.constexpr = keys.P_CVT
         dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s.type.layout, k_width=4)
         if MASKED:
             offs_n = start_n + gl.arange(0, BN, layout=gl.SliceLayout(0, s.type.layout))
             s = gl.where(offs_n[None, :] < keys.Lk, s, float("-inf"))
-        m_new, alpha, _p3, r3 = fp8_p_tile(s, m, c, keys.CAST[1], keys.CAST[2], keys.CAST[3], False)
+        m_new, alpha, _p3, r3 = fp8_p_tile(s, m, c, keys.CEIL, keys.Q_EXP, keys.Q_MANT, False)
         # The values in the A operand's layout first (fp32: a renaming of registers, `_key_slots`), then
         # the cast (`_e4m3x4`): P_CVT rounds by the hardware conversion (exact on P~'s E2M1 x 2**k
         # values, the nearest E4M3 below 2**-16 as `cast.e4m3_round`), else the values are E4M3
@@ -198,8 +259,35 @@ if HAS_GLUON:
         # PNQ's l in fp32 from the values the bytes hold (with P_CVT, below 2**-16 of the row's
         # largest value, before the conversion's rounding: a change of l under 2**-12 of a row
         # sum): the FP8 accumulator's sums moved the weights' row sums off 1 by up to 3.6e-3.
-        l_tile = gl.sum(gl.sum(r3, 2), 1)  # within each block, then the blocks: m's layout
-        return m_new, alpha, _e4m3x4(gl.convert_layout(_key_slots(r3), dot_a)), l_tile
+        l_tile = _l_sums(r3, keys.L_PARTIAL)
+        return m_new, alpha, gl.convert_layout(_key_slots(r3), dot_a), l_tile
+
+    @gluon.jit
+    def _release_k(ring, slot, keys):
+        """This consumer is done with K^ slot `slot`: an arrival on k_empty, unless JOINT_EMPTY (then
+        v_empty is k_empty and the slot is released once, with V^, after the tile's P~ V^)."""
+        if not keys.JOINT_EMPTY:
+            mbarrier.arrive(ring.k_empty.index(slot))
+
+    @gluon.jit
+    def _l_sums(r3, L_PARTIAL: gl.constexpr):
+        """A tile's row sums of r3 [R, BN / 32, 32] (in the accumulator's layout): L_PARTIAL each
+        thread's own, [R, 4] (lane t of a row's quad holds keys 8 i + 2 t + e of every block), else the
+        rows' [R] (within each block, then the blocks: m's layout)."""
+        if L_PARTIAL:
+            R: gl.constexpr = r3.shape[0]
+            NB: gl.constexpr = r3.shape[1]
+            return gl.sum(gl.sum(gl.sum(gl.reshape(r3, [R, NB, 4, 4, 2]), 4), 2), 1)
+        else:
+            return gl.sum(gl.sum(r3, 2), 1)
+
+    @gluon.jit
+    def _l_fma(l, alpha, l_tile, L_PARTIAL: gl.constexpr):
+        """l alpha + l_tile per row (alpha [R] in m's layout; l, l_tile as `_l_sums` gives them)."""
+        if L_PARTIAL:
+            return gl.fma(l, gl.convert_layout(alpha, gl.SliceLayout(1, l.type.layout))[:, None], l_tile)
+        else:
+            return gl.fma(l, alpha, l_tile)
 
     @gluon.jit
     def _e4m3x4(x):
@@ -247,15 +335,42 @@ if HAS_GLUON:
         mbarrier.wait(ring.k_ready.index(slot), phase)
         s = _qk8(q.q_smem, ring, slot, zero)
         s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(slot)])
-        mbarrier.arrive(ring.k_empty.index(slot))
+        _release_k(ring, slot, keys)
         m, alpha, p, l_tile = _softmax8(s, m, c, j * BN, keys, MASKED)
+        p = _e4m3x4(p)
         mbarrier.wait(ring.v_ready.index(slot), phase)
         acc = _pv8(p, ring, slot, zero)
         acc, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(slot)])
         mbarrier.arrive(ring.v_empty.index(slot))
         o = gl.fma(o, _rows_of(alpha, mma), acc)
-        l = gl.fma(l, alpha, l_tile)
+        l = _l_fma(l, alpha, l_tile, keys.L_PARTIAL)
         return m, l, o
+
+    @gluon.jit
+    def _ahead8(j, s, m, l, o, c, q, ring, zero, keys):
+        """Key tile j < n_tiles - 1 (all its keys valid) of OVERLAP == 2, S_j done (s): S_{j+1} issued
+        first, in flight under S_j's softmax, then P~_j V^_j; both waited for, O~ = fma(O~, alpha_j,
+        P~_j V^_j), l likewise; (m, l, O~, S_{j+1}). P~_j never crosses an iteration (S_{j+1} does, as
+        the fp32 accumulator it is)."""
+        BN: gl.constexpr = ring.k.type.shape[1]
+        STAGES: gl.constexpr = ring.STAGES
+        mma: gl.constexpr = o.type.layout
+        slot = j % STAGES
+        nxt = (j + 1) % STAGES
+        mbarrier.wait(ring.k_ready.index(nxt), ((j + 1) // STAGES) & 1)
+        s_next = _qk8(q.q_smem, ring, nxt, zero)
+        m, alpha, p, l_tile = _softmax8(s, m, c, j * BN, keys, False)
+        p = _e4m3x4(p)
+        mbarrier.wait(ring.v_ready.index(slot), (j // STAGES) & 1)
+        acc = _pv8(p, ring, slot, zero)
+        s_next, acc, _k_done, _v_done = warpgroup_mma_wait(
+            0, deps=[s_next, acc, ring.k.index(nxt), ring.v.index(slot)]
+        )
+        _release_k(ring, nxt, keys)
+        mbarrier.arrive(ring.v_empty.index(slot))
+        o = gl.fma(o, _rows_of(alpha, mma), acc)
+        l = _l_fma(l, alpha, l_tile, keys.L_PARTIAL)
+        return m, l, o, s_next
 
     @gluon.jit
     def _step8(j, m, l, o, alpha_prev, p, l_prev, c, q, ring, zero, keys, MASKED: gl.constexpr):
@@ -274,8 +389,9 @@ if HAS_GLUON:
             s = _qk8(q.q_smem, ring, slot, zero)
             acc = _pv8(p, ring, prev, zero)
             s, _k_done = warpgroup_mma_wait(1, deps=[s, ring.k.index(slot)])
-            mbarrier.arrive(ring.k_empty.index(slot))
+            _release_k(ring, slot, keys)
             m, alpha, p_next, l_next = _softmax8(s, m, c, j * BN, keys, MASKED)
+            p_next = _e4m3x4(p_next)
             # The wait behind an always-true branch (tile j holds keys), as `attention_fwd_hopper`'s
             # step: else ptxas hoists it above the softmax's last exps.
             if j * BN < keys.Lk:
@@ -285,17 +401,18 @@ if HAS_GLUON:
                 done, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(prev)])
             mbarrier.arrive(ring.v_empty.index(prev))
             o = gl.fma(o, _rows_of(alpha_prev, mma), done)
-            l = gl.fma(l, alpha_prev, l_prev)
+            l = _l_fma(l, alpha_prev, l_prev, keys.L_PARTIAL)
         else:
             acc = _pv8(p, ring, prev, zero)
             acc, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(prev)])
             mbarrier.arrive(ring.v_empty.index(prev))
             o = gl.fma(o, _rows_of(alpha_prev, mma), acc)
-            l = gl.fma(l, alpha_prev, l_prev)
+            l = _l_fma(l, alpha_prev, l_prev, keys.L_PARTIAL)
             s = _qk8(q.q_smem, ring, slot, zero)
             s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(slot)])
-            mbarrier.arrive(ring.k_empty.index(slot))
+            _release_k(ring, slot, keys)
             m, alpha, p_next, l_next = _softmax8(s, m, c, j * BN, keys, MASKED)
+            p_next = _e4m3x4(p_next)
         return m, l, o, alpha, p_next, l_next
 
     @gluon.jit
@@ -317,16 +434,45 @@ if HAS_GLUON:
         m = gl.max(
             gl.max(gl.reshape(gl.full([R, BN], float("-inf"), gl.float32, mma), [R, BN // 32, 32]), 2), 1
         )
-        l = gl.zeros_like(m)  # folded row sums
+        # folded row sums (`_l_sums`' layout)
+        l = _l_sums(gl.reshape(gl.zeros([R, BN], gl.float32, mma), [R, BN // 32, 32]), keys.L_PARTIAL)
         c = gl.load(q.RowScale + q.q_row0 + gl.arange(0, R, layout=m.type.layout))
         n_tiles = keys.n_tiles
         n_full = keys.Lk // BN  # tiles whose keys are all valid: no select on their scores
-        if keys.OVERLAP:
+        if keys.OVERLAP >= 2:
             mbarrier.wait(ring.k_ready.index(0), 0)
             s = _qk8(q_smem, ring, 0, zero)
             s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(0)])
-            mbarrier.arrive(ring.k_empty.index(0))
+            _release_k(ring, 0, keys)
+            if keys.OVERLAP == 3:
+                # Two tiles per iteration: S_{j+1} need not take S_j's registers (the loop's
+                # back edge ties S_{j+2} to them), so ptxas may issue it before S_j's softmax.
+                n_pairs = (n_tiles - 1) // 2
+                for i in range(0, n_pairs):
+                    m, l, o, s = _ahead8(2 * i, s, m, l, o, c, q, ring, zero, keys)
+                    m, l, o, s = _ahead8(2 * i + 1, s, m, l, o, c, q, ring, zero, keys)
+                for j in range(2 * n_pairs, n_tiles - 1):
+                    m, l, o, s = _ahead8(j, s, m, l, o, c, q, ring, zero, keys)
+            else:
+                for j in range(0, n_tiles - 1):  # n_tiles - 1 <= n_full: no key past Lk
+                    m, l, o, s = _ahead8(j, s, m, l, o, c, q, ring, zero, keys)
+            # The last tile, masked whether or not it is full (a full tile's scores pass unchanged).
+            last = n_tiles - 1
+            m, alpha, p, l_tile = _softmax8(s, m, c, last * BN, keys, True)
+            p = _e4m3x4(p)
+            mbarrier.wait(ring.v_ready.index(last % STAGES), (last // STAGES) & 1)
+            acc = _pv8(p, ring, last % STAGES, zero)
+            acc, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(last % STAGES)])
+            mbarrier.arrive(ring.v_empty.index(last % STAGES))
+            o = gl.fma(o, _rows_of(alpha, mma), acc)
+            l = _l_fma(l, alpha, l_tile, keys.L_PARTIAL)
+        elif keys.OVERLAP:
+            mbarrier.wait(ring.k_ready.index(0), 0)
+            s = _qk8(q_smem, ring, 0, zero)
+            s, _k_done = warpgroup_mma_wait(0, deps=[s, ring.k.index(0)])
+            _release_k(ring, 0, keys)
             m, alpha, p, lp = _softmax8(s, m, c, 0, keys, True)
+            p = _e4m3x4(p)
             for j in range(1, n_full):
                 m, l, o, alpha, p, lp = _step8(j, m, l, o, alpha, p, lp, c, q, ring, zero, keys, False)
             for j in range(gl.maximum(n_full, 1), n_tiles):
@@ -337,7 +483,7 @@ if HAS_GLUON:
             acc, _v_done = warpgroup_mma_wait(0, deps=[acc, ring.v.index(last)])
             mbarrier.arrive(ring.v_empty.index(last))
             o = gl.fma(o, _rows_of(alpha, mma), acc)
-            l = gl.fma(l, alpha, lp)
+            l = _l_fma(l, alpha, lp, keys.L_PARTIAL)
         else:
             for j in range(0, n_full):
                 m, l, o = _tile8(j, m, l, o, c, q, ring, zero, keys, False)
@@ -345,6 +491,8 @@ if HAS_GLUON:
                 m, l, o = _tile8(j, m, l, o, c, q, ring, zero, keys, True)
 
         # O and lse in the layout of O~'s rows (the `tl` FP8 kernel's finish).
+        if keys.L_PARTIAL:
+            l = gl.sum(l, 1)  # the 4 lanes' partial sums of each row, once
         l_rows = gl.convert_layout(l, gl.SliceLayout(1, mma))
         m_rows = gl.convert_layout(m, gl.SliceLayout(1, mma))
         cols = gl.arange(0, DV, layout=gl.SliceLayout(0, mma))
@@ -391,6 +539,8 @@ if HAS_GLUON:
         CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
         OVERLAP: gl.constexpr,
+        L_PARTIAL: gl.constexpr = L_PARTIAL,
+        JOINT_EMPTY: gl.constexpr = JOINT_EMPTY,
     ):
         BN: gl.constexpr = k_desc.block_type.shape[0]
         DV: gl.constexpr = v_desc.block_type.shape[0]
@@ -405,9 +555,13 @@ if HAS_GLUON:
         n_tiles, row0, q_row0, out_base, lse_base = _tile_rows(
             pid_m, LQP, Lk, Lq, b, h, bh, stride_ob, stride_oh, R, BN
         )
-        ring = KVRing(k_smem, v_smem, k_smem, k_ready, v_ready, k_empty, v_empty, False)
+        if JOINT_EMPTY:  # the producer's second wait (v_empty) finds the phase its first waited for
+            ring = KVRing(k_smem, v_smem, k_smem, k_ready, v_ready, k_empty, k_empty, False)
+        else:
+            ring = KVRing(k_smem, v_smem, k_smem, k_ready, v_ready, k_empty, v_empty, False)
+        cs_base = bhk.to(gl.int64) * DV
         keys = KeyLoop8(
-            Lk, n_tiles, ColScale, bhk.to(gl.int64) * DV, (PNQ, CEIL, Q_EXP, Q_MANT, P_CVT), OVERLAP
+            Lk, n_tiles, ColScale, cs_base, CEIL, Q_EXP, Q_MANT, P_CVT, OVERLAP, L_PARTIAL, JOINT_EMPTY
         )
         epi = Epilogue(Out, Lse, None, b, h, out_base, lse_base, stride_om, stride_od, Lq, OUT_MAX, False)
         gl.warp_specialize(

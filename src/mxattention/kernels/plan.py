@@ -474,6 +474,8 @@ def gluon_fp8_fwd_spec(
         CONSUMER_REGS=fast.CONSUMER_REGS,
         PRODUCER_REGS=fast.PRODUCER_REGS,
         OVERLAP=fast.OVERLAP,
+        L_PARTIAL=fast.L_PARTIAL,
+        JOINT_EMPTY=fast.JOINT_EMPTY,
     )
     return FwdSpec(FwdKernel.GLUON, tuple(constexprs.items()), fast.NUM_WARPS)
 

@@ -393,7 +393,25 @@ def speed_shape(name: str, shape, rep_ms: float, warmup_s: float, log) -> dict:
         vb = prepass_v(v, "uos", out_bf16=True)
         return fp8_operands(qb, kb, vb, scale, 1, slots=slots)
 
+    from mxattention.kernels.attention_fwd_fp8 import fp8_operands_from_inputs
+    from mxattention.kernels.plan import plan_call
+
+    fast_plan = plan_call(FAST, q, k, v, scale=scale)
+    fast_passes = (fast_plan.chunks[0].q_pass, fast_plan.chunks[0].k_pass, fast_plan.chunks[0].v_pass)
+
+    def prep_planned():  # the planned path (run_chunk_fp8): the same bytes straight from Q, K, V
+        return fp8_operands_from_inputs(
+            q, k, v, fast_plan.rules, hadamard=True, scale=scale, q_len_multiple=128, k_len_multiple=128,
+            slots=True, passes=fast_passes,
+        )  # fmt: skip
+
     ops, ops_tl = prep(), prep(slots=False)
+    planned = prep_planned()
+    same = all(torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
+                           b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b)
+               for a, b in zip(ops, planned, strict=True))  # fmt: skip
+    log(f"{name}: planned fast-mode operands equal the bf16 pre-pass + fp8_operands: {same}")
+    del planned
     pr = rule_constants(FAST.p.rule, FAST.p.elem)
     p_rule = (pr.ceil, pr.q_exp, pr.q_mant)
     out = torch.empty(1, h, lq, d, device="cuda", dtype=torch.bfloat16)
@@ -422,12 +440,13 @@ def speed_shape(name: str, shape, rep_ms: float, warmup_s: float, log) -> dict:
         "mx_exact": lambda: fused_attention(q, k, v, EXACT, scale=scale),
         "mx_exact_public": lambda: mxattention.scaled_dot_product_attention(q, k, v, method=EXACT),
         "mx_fast_public": lambda: mxattention.scaled_dot_product_attention(q, k, v, method=FAST),
+        "fast_prepass_and_fold": prep,
+        "fast_operands_planned": prep_planned,
+        "fast_kernel_gluon": gluon_kernel(),
         "mx_fast_call_tl": lambda: fused_attention(q, k, v, FAST, scale=scale, fwd_kernel="tl"),
         "mx_fast_call_gluon": lambda: fused_attention(q, k, v, FAST, scale=scale, fwd_kernel="gluon"),
-        "fast_prepass_and_fold": prep,
         "fast_kernel_tl_w8_s2": kernel(num_warps=8, num_stages=2),
         "fast_kernel_tl_w4_s2_bm64": kernel(num_warps=4, num_stages=2, block_m=64),
-        "fast_kernel_gluon": gluon_kernel(),
         "fast_kernel_gluon_sw_p": gluon_kernel(P_CVT=False),
         "fast_kernel_gluon_overlap": gluon_kernel(OVERLAP=True),
         "fast_kernel_gluon_qk_ahead": gluon_kernel(OVERLAP=2),
@@ -450,7 +469,7 @@ def speed_shape(name: str, shape, rep_ms: float, warmup_s: float, log) -> dict:
     for r in rows.values():
         if "ms" in r and base:
             r["vs_cudnn"] = base / r["ms"]  # > 1: faster than cuDNN
-    return {"shape": [1, h, lq, lk, d], "rows": rows}
+    return {"shape": [1, h, lq, lk, d], "rows": rows, "planned_operands_equal": same}
 
 
 TABLE_ROWS = (

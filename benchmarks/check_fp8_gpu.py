@@ -24,7 +24,8 @@ build is reported and the rest go on):
    128) and (1, 40, 32760, 512, 128) bf16: cuDNN SDPA, the exact mxattention (whole call), the fast
    mode's whole call (the public entry, and `fused_attention` with each kernel), each kernel alone on
    prepared operands (the `tl` one in two tilings, the Gluon one as planned, with the software P~
-   rounding, with either overlap, with l summed per tile, with 3 ring stages), and the pre-pass + fold alone.
+   rounding, with either overlap, with l summed per tile, with 3 ring stages), the bf16 pre-pass + fold alone and the
+   planned operands straight from Q, K, V (`fp8_operands_from_inputs`; their bytes checked equal first).
 
 Writes DIR/check_fp8_gpu.json and prints a table. Exits 1 if a hard check fails (a fast kernel's
 deviation from the exact method over 2 % of the method's own error, non-finite outputs where the

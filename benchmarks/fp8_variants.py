@@ -36,7 +36,7 @@ def _bench(fn, rep_ms: float) -> float:
     return float(triton.testing.do_bench(fn, warmup=max(1, rep_ms // 5), rep=rep_ms, return_mode="median"))
 
 
-def time_shape(shape, variants: list[str], rep_ms: float, log) -> dict:
+def time_shape(shape, variants: list[str], rep_ms: float, log, with_calls: bool = True) -> dict:
     """{"shape", "rows": {name: {ms, tflops, vs_cudnn, rel_l2_vs_default} or {error}}} at (H, Lq, Lk, D)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -93,20 +93,90 @@ def time_shape(shape, variants: list[str], rep_ms: float, log) -> dict:
         if base is not None:
             a, b = out.double(), base.double()
             rows[name]["rel_l2_vs_default"] = ((a - b).norm() / b.norm()).item()
+    if with_calls:
+        rows.update(_operands_and_calls(q, k, v, scale, ops, rep_ms, rows["sdpa_cudnn"]["ms"], flop, log))
     return {"shape": [1, h, lq, lk, d], "rows": rows}
+
+
+def _operands_and_calls(q, k, v, scale, ops, rep_ms, cudnn_ms, flop, log) -> dict:
+    """The fast mode's operands made as planned (`fp8_operands_from_inputs`), with the Q^ / K^ fold
+    passes in the tile layout instead (32 or 64 rows of 4 warps), and the bf16 pre-pass + fold
+    (`ops`' maker): ms, and whether the bytes equal `ops`; then the whole calls of the public entry,
+    fast and exact (x cuDNN of the same run)."""
+    import dataclasses
+
+    import mxattention
+    from mxattention.attention.config import get_method
+    from mxattention.kernels.attention_fwd_fp8 import fp8_operands, fp8_operands_from_inputs
+    from mxattention.kernels.plan import plan_call
+    from mxattention.kernels.prepass import prepass_qk, prepass_v
+
+    fast_plan = plan_call(get_method("mxattention-fast"), q, k, v, scale=scale)
+    c = fast_plan.chunks[0]
+
+    def planned(qp=c.q_pass, kp=c.k_pass):
+        return fp8_operands_from_inputs(
+            q, k, v, fast_plan.rules, hadamard=True, scale=scale, q_len_multiple=128, k_len_multiple=128,
+            slots=True, passes=(qp, kp, c.v_pass),
+        )  # fmt: skip
+
+    def tiled(rows_):
+        qp, kp = (dataclasses.replace(x, layout="tile", rows=rows_, warps=4, bf16_pairs=False)
+                  for x in (c.q_pass, c.k_pass))  # fmt: skip
+        return lambda: planned(qp, kp)
+
+    def bf16_path():
+        qb = prepass_qk(q, "uos", hadamard=True, out_bf16=True)
+        kb = prepass_qk(k, "uos", hadamard=True, out_bf16=True)
+        vb = prepass_v(v, "uos", out_bf16=True)
+        return fp8_operands(qb, kb, vb, scale, 1, slots=True)
+
+    def same(got) -> bool:
+        u8 = [x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x for x in (*got, *ops)]
+        return all(torch.equal(a, b) for a, b in zip(u8[:5], u8[5:], strict=True))
+
+    rows = {}
+    cands = {
+        "operands_bf16_prepass_and_fold": bf16_path,
+        "operands_planned": planned,
+        "operands_tile32": tiled(32),
+        "operands_tile64": tiled(64),
+    }
+    for name, fn in cands.items():
+        try:
+            rows[name] = {"bytes_equal": same(fn()), "ms": _bench(fn, rep_ms)}
+        except Exception as e:  # a layout that does not build: recorded, the rest go on
+            rows[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+        log(f"{name}: {rows[name]}")
+    calls = {
+        "call_fast_public": lambda: mxattention.scaled_dot_product_attention(
+            q, k, v, method="mxattention-fast"
+        ),
+        "call_exact_public": lambda: mxattention.scaled_dot_product_attention(q, k, v, method="mxattention"),
+    }
+    for name, fn in calls.items():
+        ms = _bench(fn, rep_ms)
+        rows[name] = {"ms": ms, "tflops": flop / ms / 1e9, "vs_cudnn": cudnn_ms / ms}
+        log(f"{name}: {rows[name]}")
+    return rows
 
 
 def table(report: dict) -> str:
     """x cuDNN (ms) per variant and shape."""
     shapes = report["shapes"]
     names = list(next(iter(shapes.values()))["rows"]) if shapes else []
-    lines = ["variant".ljust(14) + "".join(f"{s:>24}" for s in shapes)]
+    lines = ["variant".ljust(30) + "".join(f"{s:>24}" for s in shapes)]
     for name in names:
         cells = []
         for res in shapes.values():
             r = res["rows"].get(name, {})
-            cells.append(f"{r['vs_cudnn']:.3f}x ({r['ms']:.3f} ms)" if "ms" in r else "error")
-        lines.append(name.ljust(14) + "".join(f"{c:>24}" for c in cells))
+            if "vs_cudnn" in r:
+                cells.append(f"{r['vs_cudnn']:.3f}x ({r['ms']:.3f} ms)")
+            elif "ms" in r:  # an operand maker: its time, and whether its bytes are the reference's
+                cells.append(f"{r['ms']:.3f} ms {'same' if r['bytes_equal'] else 'DIFFER'}")
+            else:
+                cells.append("error")
+        lines.append(name.ljust(30) + "".join(f"{c:>24}" for c in cells))
     return "\n".join(lines)
 
 
@@ -117,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-s", type=float, default=3.0, help="cuDNN warm-up before the first shape (s)")
     ap.add_argument("--variants", default=None, help="comma-separated names (default: every variant)")
     ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated names of {list(SHAPES)}")
+    ap.add_argument("--no-calls", action="store_true", help="skip the operand makers and the whole calls")
     args = ap.parse_args(argv)
     from mxattention.kernels import attention_fwd_hopper_fp8 as fast
 
@@ -156,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.synchronize()
         del x, y
     for name in shapes:
-        report["shapes"][name] = time_shape(SHAPES[name], variants, args.rep_ms, log)
+        report["shapes"][name] = time_shape(SHAPES[name], variants, args.rep_ms, log, not args.no_calls)
         torch.cuda.empty_cache()
         (args.out / "fp8_variants.json").write_text(json.dumps(report, indent=1))
     report["seconds"] = round(time.time() - t0, 1)

@@ -58,8 +58,12 @@ from mxattention.kernels.specs import FwdSpec
 
 HAS_GLUON = hopper.HAS_GLUON
 HEAD_DIM, BLOCK_M, BLOCK_N = hopper.HEAD_DIM, hopper.BLOCK_M, hopper.BLOCK_N
-# K^ / V^ ring stages (16 KiB + 16 KiB each), registers per consumer / producer thread (setmaxnreg).
-STAGES, CONSUMER_REGS, PRODUCER_REGS = 2, 240, 24
+# K^ / V^ ring stages (16 KiB + 16 KiB each: 3 take 112 KiB of shared memory with Q^), registers per
+# consumer / producer thread (setmaxnreg). 3 stages with OVERLAP = 2 timed fastest of the variants on
+# the H200 (benchmarks/results/fp8_variants_h200.json, 2026-12-04: kernel alone 1.079x / 1.177x /
+# 0.634x cuDNN at 16k / HunyuanVideo 32k / the 512-key cross-attention against 1.063x / 1.106x /
+# 0.632x for 2 stages without the overlap).
+STAGES, CONSUMER_REGS, PRODUCER_REGS = 3, 240, 24
 NUM_WARPS = 4  # the default partition's (consumer 0's) warps
 # The schedule within a consumer. 1: S_{j+1} and P~_j V^_j in flight together (the exact Gluon
 # forward's schedule); it carries P~ from one iteration to the next, which the compiler does as bytes
@@ -70,7 +74,7 @@ NUM_WARPS = 4  # the default partition's (consumer 0's) warps
 # softmax). 3: 2, two tiles per iteration, so S_{j+1} may take other registers than S_j: ptxas
 # issues the first tile's S_{j+1} before its exps, but spills. Off: each consumer waits for its wgmmas, the other consumer's run under its softmax.
 # Triton 3.6, benchmarks/fp8_gluon_build.py; `VARIANTS` names the schedules fp8_variants.py times.
-OVERLAP = False
+OVERLAP = 2
 # P~'s E4M3 rounding by the hardware conversion (cvt.rn.satfinite.e4m3x2.f32) on targets listed in
 # `targets.HW_E4M3_CAST`: exact on P~'s E2M1 x 2**k values, and equal to `cast.e4m3_round` on every
 # fp32 in [0, 2**9] (tests/kernels/test_gpu.py), so the bits are those of the software rounding
@@ -82,25 +86,26 @@ HW_P_CAST = True
 # per tile: the same values, summed in another fp32 order. Off: per tile, within each 32-key block
 # (8 values per thread, then the 4 lanes by shuffles), then the blocks.
 L_PARTIAL = True
+# l from P~'s values as the hardware conversion rounds them (`_softmax8`): the induced weights of a
+# row sum to 1 up to fp32 for any row length; off, they may be off by up to n 2**-18 for n keys.
+L_ROUNDED = True
 
-# Schedule variants of the kernel as constexpr overrides of the plan's spec (`variant_spec`): each
-# consumes the same P~ bytes; l and O~ differ by fp32 summation order only. SASS per key tile and
-# consumer, BAR.SYNC among them (Triton 3.6, sm_90a): default 908 (4), l_per_tile 940 (the shuffles
-# of l each tile), overlap 1161 (P~'s bytes carried), qk_ahead 912, stages3 909, qk_ahead3 920 (3),
-# joint_empty 904 (2), joint_empty3 905 (2), qk_ahead_joint3 916 (2); 3 stages take 112 KiB of shared
-# memory against 80; none spills but qk_ahead2x (935 per tile and 52 local loads / stores: 1216 bytes
-# of spill stores). JOINT_EMPTY keeps a K^ slot until the tile's P~ V^ is done, so
-# the next K^ lands a tile later: with 2 stages the TMA may show; hence the 3-stage pairs.
+# Variants of the kernel as constexpr overrides of the plan's spec (`variant_spec`), timed alone by
+# benchmarks/fp8_variants.py: each consumes the same P~ bytes; l and O~ differ by fp32 summation order
+# only (l_unrounded: by l's rounding, see L_ROUNDED). SASS per key tile and consumer, BAR.SYNC among
+# them (Triton 3.6, sm_90a, before L_ROUNDED): 2 stages without the overlap 908 (4), l_per_tile 940
+# (the shuffles of l each tile), overlap 1161 (P~'s bytes carried), OVERLAP 2 912 (3 stages: 920, 3),
+# joint_empty 904 (2); none spills but qk_ahead2x (935 per tile and 1216 bytes of spill stores).
+# JOINT_EMPTY keeps a K^ slot until the tile's P~ V^ is done, so the next K^ lands a tile later.
 VARIANTS: dict[str, dict[str, object]] = {
     "default": {},
+    "l_unrounded": {"L_ROUNDED": False},
+    "stages2_no_overlap": {"OVERLAP": False, "STAGES": 2},
+    "stages2": {"STAGES": 2},
     "l_per_tile": {"L_PARTIAL": False},
     "overlap": {"OVERLAP": True},
-    "qk_ahead": {"OVERLAP": 2},
-    "stages3": {"STAGES": 3},
-    "qk_ahead3": {"OVERLAP": 2, "STAGES": 3},
+    "no_overlap": {"OVERLAP": False},
     "joint_empty": {"JOINT_EMPTY": True},
-    "joint_empty3": {"JOINT_EMPTY": True, "STAGES": 3},
-    "qk_ahead_joint3": {"OVERLAP": 2, "JOINT_EMPTY": True, "STAGES": 3},
     "qk_ahead2x": {"OVERLAP": 3},
 }
 
@@ -165,7 +170,8 @@ if HAS_GLUON:
         """What every key tile reads: Lk keys in n_tiles tiles, ColScale + cs_base the KV head's
         column anchors 2**a_v (fp32 [DV], applied once at the end), CEIL, Q_EXP, Q_MANT (P~'s rule),
         P_CVT (P~'s E4M3 rounding by the hardware conversion), OVERLAP (the schedule), L_PARTIAL (l as
-        per-thread partial sums, `L_PARTIAL`), JOINT_EMPTY (one release per slot, `JOINT_EMPTY`): constexprs, each passed and kept on its own (a tuple of
+        per-thread partial sums, `L_PARTIAL`), JOINT_EMPTY (one release per slot, `JOINT_EMPTY`), L_ROUNDED
+        (l of the converted values, `L_ROUNDED`): constexprs, each passed and kept on its own (a tuple of
         them built in the kernel holds int32 / int1 scalars, and `P_CVT: gl.constexpr = ...` of such a
         scalar is always true: P_CVT=False skipped the software rounding)."""
 
@@ -180,9 +186,22 @@ if HAS_GLUON:
         OVERLAP: gl.constexpr
         L_PARTIAL: gl.constexpr
         JOINT_EMPTY: gl.constexpr
+        L_ROUNDED: gl.constexpr
 
         def __init__(
-            self, Lk, n_tiles, ColScale, cs_base, CEIL, Q_EXP, Q_MANT, P_CVT, OVERLAP, L_PARTIAL, JOINT_EMPTY
+            self,
+            Lk,
+            n_tiles,
+            ColScale,
+            cs_base,
+            CEIL,
+            Q_EXP,
+            Q_MANT,
+            P_CVT,
+            OVERLAP,
+            L_PARTIAL,
+            JOINT_EMPTY,
+            L_ROUNDED,
         ):
             self.Lk = Lk
             self.n_tiles = n_tiles
@@ -195,6 +214,7 @@ if HAS_GLUON:
             self.OVERLAP = gl.constexpr(OVERLAP)
             self.L_PARTIAL = gl.constexpr(L_PARTIAL)
             self.JOINT_EMPTY = gl.constexpr(JOINT_EMPTY)
+            self.L_ROUNDED = gl.constexpr(L_ROUNDED)
 
     @gluon.jit
     def _q8_to_smem(q):
@@ -256,10 +276,16 @@ if HAS_GLUON:
         # already (`cast.e4m3_round`) and the conversion is exact.
         if not P_CVT:
             r3 = e4m3_round(r3)
-        # PNQ's l in fp32 from the values the bytes hold (with P_CVT, below 2**-16 of the row's
-        # largest value, before the conversion's rounding: a change of l under 2**-12 of a row
-        # sum): the FP8 accumulator's sums moved the weights' row sums off 1 by up to 3.6e-3.
-        l_tile = _l_sums(r3, keys.L_PARTIAL)
+        # PNQ's l in fp32 from the values the bytes hold (the FP8 accumulator's sums moved the
+        # weights' row sums off 1 by up to 3.6e-3). With P_CVT the bytes round r3 only below 2**-8
+        # (2**-16 of the row's largest, P~ being E2M1 x 2**k times 2**8): there onto multiples of
+        # 2**-9 (E4M3's subnormals), which (v + 2**14) - 2**14 does in fp32 (its ulp there is 2**-9),
+        # exactly for every such value (L_ROUNDED, two adds per value). Without it l sums the values
+        # before that rounding: each off by at most 2**-10, a row sum (>= 256) by n 2**-18 for n keys.
+        if P_CVT and keys.L_ROUNDED:
+            l_tile = _l_sums((r3 + 16384.0) - 16384.0, keys.L_PARTIAL)
+        else:
+            l_tile = _l_sums(r3, keys.L_PARTIAL)
         return m_new, alpha, gl.convert_layout(_key_slots(r3), dot_a), l_tile
 
     @gluon.jit
@@ -541,6 +567,7 @@ if HAS_GLUON:
         OVERLAP: gl.constexpr,
         L_PARTIAL: gl.constexpr = L_PARTIAL,
         JOINT_EMPTY: gl.constexpr = JOINT_EMPTY,
+        L_ROUNDED: gl.constexpr = L_ROUNDED,
     ):
         BN: gl.constexpr = k_desc.block_type.shape[0]
         DV: gl.constexpr = v_desc.block_type.shape[0]
@@ -561,7 +588,18 @@ if HAS_GLUON:
             ring = KVRing(k_smem, v_smem, k_smem, k_ready, v_ready, k_empty, v_empty, False)
         cs_base = bhk.to(gl.int64) * DV
         keys = KeyLoop8(
-            Lk, n_tiles, ColScale, cs_base, CEIL, Q_EXP, Q_MANT, P_CVT, OVERLAP, L_PARTIAL, JOINT_EMPTY
+            Lk,
+            n_tiles,
+            ColScale,
+            cs_base,
+            CEIL,
+            Q_EXP,
+            Q_MANT,
+            P_CVT,
+            OVERLAP,
+            L_PARTIAL,
+            JOINT_EMPTY,
+            L_ROUNDED,
         )
         epi = Epilogue(Out, Lse, None, b, h, out_base, lse_base, stride_om, stride_od, Lq, OUT_MAX, False)
         gl.warp_specialize(

@@ -476,6 +476,7 @@ def gluon_fp8_fwd_spec(
         OVERLAP=fast.OVERLAP,
         L_PARTIAL=fast.L_PARTIAL,
         JOINT_EMPTY=fast.JOINT_EMPTY,
+        L_ROUNDED=fast.L_ROUNDED,
     )
     return FwdSpec(FwdKernel.GLUON, tuple(constexprs.items()), fast.NUM_WARPS)
 

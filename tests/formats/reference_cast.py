@@ -43,11 +43,21 @@ def ref_round(v: np.ndarray, ladder: ElementLadder) -> np.ndarray:
     return np.where(even_hit.any(-1), np.argmax(even_hit, -1), np.argmax(hits, -1))
 
 
-def ref_fake_quantize(x: np.ndarray, mode: str, q: float | None, ladder: ElementLadder, block: int = 32):
-    """(dequantized values, exponents) for a float array x of shape (n_blocks, block)."""
+def ref_fake_quantize(
+    x: np.ndarray,
+    mode: str,
+    q: float | None,
+    ladder: ElementLadder,
+    block: int = 32,
+    min_exp: int | None = None,
+):
+    """(dequantized values, exponents) for a float array x of shape (n_blocks, block); with `min_exp`
+    every block's exponent at least that."""
     x = x.astype(np.float64)
     amax = np.abs(x).max(axis=-1)
     e = ref_exponents(amax, mode, q, ladder)
+    if min_exp is not None:
+        e = np.maximum(e, min_exp)
     scaled = x / np.exp2(e.astype(np.float64))[:, None]
     codes = ref_round(scaled, ladder)
     mags = np.asarray(ladder.magnitudes)[codes]

@@ -15,7 +15,8 @@ from mxattention.attention.config import get_method
 from mxattention.attention.reference import reference_attention
 from mxattention.formats.fold import fold
 from mxattention.formats.mx import fake_quantize
-from mxattention.kernels.attention_fwd_fp8 import fold_pass, key_slots
+from mxattention.kernels._triton import tl, triton
+from mxattention.kernels.attention_fwd_fp8 import fold_pass, fp8_p_tile, key_slots
 from mxattention.kernels.plan import plan_call
 
 from .helpers import compare, qkv
@@ -134,3 +135,62 @@ def test_kernel_rows_with_huge_scores_keep_the_emulations_result(device):
     assert big.max().item() > 2.0**28 and (big > 2.0**27).float().mean().item() > 0.5
     assert torch.isfinite(c.out).all()
     _check(c)
+
+
+@triton.jit
+def _p_tile_probe(S, M, C, P3, R3, BN: tl.constexpr, CEIL: tl.constexpr, Q_EXP: tl.constexpr,
+                  Q_MANT: tl.constexpr):  # fmt: skip
+    rows = tl.arange(0, 16)
+    offs = rows[:, None] * BN + tl.arange(0, BN)[None, :]
+    _m, _a, p3, r3 = fp8_p_tile(
+        tl.load(S + offs), tl.load(M + rows), tl.load(C + rows), CEIL, Q_EXP, Q_MANT, False
+    )
+    tl.store(P3 + offs, tl.reshape(p3, [16, BN]))
+    tl.store(R3 + offs, tl.reshape(r3, [16, BN]))
+
+
+def test_p_tile_rounds_p_as_the_reference_with_the_block_scale_floor(device):
+    """`fp8_p_tile`'s P^ 2**8 (r3) is `fake_quantize(P~, min_exp=P_MIN_EXP)` 2**8 of its own P~ 2**8
+    (p3), bit for bit, on rows whose blocks span 40 binades (many of them under 2**-16 of the row's
+    largest, where the floor decides), and each value is an E4M3 value (the bytes hold r3 exactly, so
+    PNQ's l sums what P~ V^ reads). Mutant: the floor dropped -> differs (blocks under the floor keep
+    their own finer scale, and r3 leaves E4M3's grid)."""
+    from mxattention.formats.fold import P_MIN_EXP
+    from mxattention.kernels.rules import rule_constants
+
+    g = torch.Generator().manual_seed(11)
+    bn = 128
+    # scores (log2, c = 1): each 32-key block 0 to 40 binades under the row's top (0, in block 0),
+    # its keys spread over 6 binades below the block's own top
+    tops = torch.rand(16, bn // 32, generator=g) * -40.0
+    tops[:, 0] = 0.0
+    s = tops.repeat_interleave(32, 1) - torch.rand(16, bn, generator=g) * 6.0
+    s[:, 0] = 0.0
+    m = torch.zeros(16)
+    c = torch.ones(16)
+    p3, r3 = torch.empty(16, bn), torch.empty(16, bn)
+    t = lambda x: x.to(device)  # noqa: E731
+    pr = rule_constants(FAST.p.rule, FAST.p.elem)
+    outs = [t(p3), t(r3)]
+    _p_tile_probe[(1,)](t(s), t(m), t(c), *outs, BN=bn, CEIL=pr.ceil, Q_EXP=pr.q_exp, Q_MANT=pr.q_mant)
+    p3, r3 = (x.cpu() for x in outs)
+    want = fake_quantize(p3 / 256, -1, rule=FAST.p.rule, elem=FAST.p.elem, min_exp=P_MIN_EXP) * 256
+    assert torch.equal(r3, want)
+    assert torch.equal(r3.to(torch.float8_e4m3fn).float(), r3)
+    floor_decides = fake_quantize(p3 / 256, -1, rule=FAST.p.rule, elem=FAST.p.elem) * 256 != want
+    assert floor_decides.sum() > 100  # the case is one the floor decides
+
+
+def test_both_operand_makers_give_the_same_call(monkeypatch, device):
+    """The plan's two operand makers (`plan.FP8_PACKED_MAX_KEYS`: packed passes, or the bf16 pre-pass
+    and the fold passes) give the same bytes, so the same call bit for bit."""
+    from mxattention.kernels import plan as plan_mod
+    from mxattention.kernels.fused import fused_attention
+
+    q, k, v = (x.to(device) for x in qkv(1, 2, 1, 40, 150, 64, seed=9))
+    packed = fused_attention(q, k, v, FAST, scale=0.125)
+    monkeypatch.setattr(plan_mod, "FP8_PACKED_MAX_KEYS", 0)
+    p = plan_call(FAST, q, k, v, scale=0.125)
+    assert p.chunks[0].k_pass.out == "bf16"
+    bf16 = fused_attention(q, k, v, FAST, scale=0.125, plan=p)
+    assert torch.equal(packed.out, bf16.out) and torch.equal(packed.lse, bf16.lse)

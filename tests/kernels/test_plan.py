@@ -56,6 +56,10 @@ def test_fast_mode_plans_its_own_passes(monkeypatch):
             )
             assert PassKernel.GLUON not in (c.q_pass.kernel, c.k_pass.kernel, c.v_pass.kernel)
         assert FOLD_OUTS["q"] in p.describe() and V_ANCHORED_OUT in p.describe()
+    # Past FP8_PACKED_MAX_KEYS the bf16 pre-pass and the fold passes (faster there on the H200).
+    monkeypatch.setattr(plan, "FP8_PACKED_MAX_KEYS", 128)
+    p = plan.plan_call(get_method("mxattention-fast"), q, k, v, scale=0.1)
+    assert {(c.q_pass.out, c.k_pass.out, c.v_pass.out) for c in p.chunks} == {("bf16", "bf16", "bf16")}
 
 
 def test_plan_is_frozen_and_read_from_the_target_tables(monkeypatch):

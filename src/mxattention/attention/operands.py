@@ -12,6 +12,7 @@ import torch
 
 from mxattention.attention.config import AttentionConfig, QuantSpec
 from mxattention.attention.fast import fold_operands, fold_p_values
+from mxattention.formats.fold import P_MIN_EXP
 from mxattention.formats.mx import fake_quantize
 from mxattention.formats.nvfp4 import nvfp4_fake_quantize
 from mxattention.rotation import rotate
@@ -31,7 +32,7 @@ def quantize_p(p_tilde: torch.Tensor, cfg: AttentionConfig) -> torch.Tensor:
     if cfg.p is None:
         return p_tilde
     if cfg.mma == "fp8":  # the fast mode: the tile the FP8 P~V product consumes (`attention.fast`)
-        return fold_p_values(quantize(p_tilde, cfg.p, -1))
+        return fold_p_values(fake_quantize(p_tilde, -1, rule=cfg.p.rule, elem=cfg.p.elem, min_exp=P_MIN_EXP))
     if cfg.p_row_scale == 1.0:
         return quantize(p_tilde, cfg.p, -1)
     return quantize(p_tilde * cfg.p_row_scale, cfg.p, -1) / cfg.p_row_scale

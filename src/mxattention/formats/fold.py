@@ -38,6 +38,10 @@ FOLD_EXACT_EXPS = (-8, 6)
 # block (scale 2**-2 under UOS, the largest any rule gives for a maximum of 1) lands at k = 6, and
 # blocks with scale >= 2**-16 fold exactly.
 P_FOLD_EXP = 8
+# The fast mode's P~ blocks take a scale of at least 2**P_MIN_EXP (`mx.fake_quantize(min_exp=)`):
+# every block then folds exactly, so the FP8 bytes hold P^ itself and PNQ's l (the sum of P^) is the
+# sum of what the P~ V^ product reads, with no rounding between them (docs/fast_mode.md).
+P_MIN_EXP = FOLD_EXACT_EXPS[0] - P_FOLD_EXP
 
 
 def _scale_pow2(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:

@@ -87,11 +87,14 @@ def pow2(e: torch.Tensor) -> torch.Tensor:
     return bits.view(torch.float32)
 
 
-def _block_scale(xb: torch.Tensor, rule: ScaleRule, ladder: ElementLadder):
-    """(exponent int32, bad-block mask, 2**-e float32) per block of xb (*, n_blocks, block_size)."""
+def _block_scale(xb: torch.Tensor, rule: ScaleRule, ladder: ElementLadder, min_exp: int | None = None):
+    """(exponent int32, bad-block mask, 2**-e float32) per block of xb (*, n_blocks, block_size); the
+    exponent at least `min_exp` where given."""
     amax = xb.abs().amax(dim=-1)
     bad = ~torch.isfinite(amax)
     e = shared_exponent(amax, rule, ladder)
+    if min_exp is not None:
+        e = e.clamp(min=min_exp)
     inv = pow2(-e)
     return e, bad, inv
 
@@ -142,17 +145,25 @@ def fake_quantize(
     rule: str | float | ScaleRule = "uos",
     elem: str | ElementLadder = "e2m1",
     block_size: int = MX_BLOCK_SIZE,
+    min_exp: int | None = None,
 ) -> torch.Tensor:
     """MX quantize-dequantize of `x` along `axis`; returns x's shape and dtype.
 
     Equal, element for element, to `mx_quantize(x, ...).dequantize()`, without packing: blocks
     holding NaN or +-Inf become NaN, and a value rounded past the output dtype's range becomes +-Inf.
-    Arguments, devices and what raises: as `mx_quantize`.
+    `min_exp` (an int in [-127, 127], or None): a floor on every block's shared exponent, so a block
+    whose rule gives a smaller scale is rounded on the grid of 2**min_exp instead (its small values
+    to 0): the fast mode's P~ (`attention.fast`), whose FP8 fold holds blocks scaled >= 2**-16 exactly.
+    Arguments, devices and what raises: as `mx_quantize`; ValueError for a `min_exp` out of range.
     """
+    if min_exp is not None and (
+        isinstance(min_exp, bool) or not isinstance(min_exp, int) or abs(min_exp) > 127
+    ):
+        raise ValueError(f"min_exp must be an int in [-127, 127] or None, got {min_exp!r}")
     x, axis, rule_, ladder, block_size = _prepare(x, axis, rule, elem, block_size)
     n = x.shape[axis]
     xb = _blocks(x, axis, block_size)
-    e, bad, inv = _block_scale(xb, rule_, ladder)
+    e, bad, inv = _block_scale(xb, rule_, ladder, min_exp)
     scale = torch.where(bad, float("nan"), pow2(e))
     out = round_to_ladder(xb * inv.unsqueeze(-1), ladder).mul_(scale.unsqueeze(-1))
     return out.flatten(-2)[..., :n].movedim(-1, axis).to(x.dtype)

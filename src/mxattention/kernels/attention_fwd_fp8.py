@@ -283,12 +283,16 @@ def fp8_p_tile(
     alpha = exp2_ftz(fp8_shift(m) - m_sh, EXP_FLUSH)
     p3 = exp2_ftz(s3 * c[:, None, None] - m_sh[:, None, None], EXP_FLUSH)
     p_blk = exp2_ftz(s_blk * c[:, None] - m_sh[:, None], EXP_FLUSH)
-    two_e = block_scale(p_blk, CEIL, Q_EXP, Q_MANT)
-    # P^ (E2M1 values of the scaled block); E4M3's rounding (exact for scales >= 2**-16 of the row
-    # max) is the caller's. A ceil rule with boundary q < 7 never rounds an element above 6 * 2**e
-    # (it is at most q 2**e, and 6 is the nearest ladder value below 7), so `e2m1_round`'s
-    # saturation is the identity there (NaN stays NaN either way): one min per element less (UOS,
-    # q = 6.5).
+    # Block scales of at least 2**-8 here, 2**-16 of the row's largest (formats.fold.P_MIN_EXP, the
+    # reference's `fake_quantize(min_exp=)`): every E2M1 value of P^ 2**8 is then an E4M3 value, so
+    # the bytes hold r3 exactly and PNQ's l, the sum of r3, is the sum of what P~ V^ reads (one max
+    # per block; rows with |m| >= 2**27, whose factor is 1 (`fp8_shift`), get the floor 2**-8 of
+    # their own units: exact there too, coarser than the reference's).
+    two_e = tl.maximum(block_scale(p_blk, CEIL, Q_EXP, Q_MANT), 0.00390625)
+    # P^ (E2M1 values of the scaled block), E4M3 values. A ceil rule with boundary q < 7 never rounds
+    # an element above 6 * 2**e (it is at most q 2**e, and 6 is the nearest ladder value below 7),
+    # so `e2m1_round`'s saturation is the identity there (NaN stays NaN either way): one min per
+    # element less (a boundary of 6.5; UOS's 7.25 keeps the min).
     if CEIL and (Q_EXP <= 1 or (Q_EXP == 2 and Q_MANT < 6291456)):
         r3 = ladder_step_round(p3, two_e[:, :, None])
     else:
@@ -673,14 +677,28 @@ def run_chunk_fp8(plan, chunk, query, key, value, out, lse, dbg, mask, is_causal
     (b0, b1), (h0, h1) = chunk.batches, chunk.kv_heads
     bs, kv, qh = slice(b0, b1), slice(h0, h1), slice(h0 * group, h1 * group)
     lm, ln = max(plan.block_m, 128), max(plan.block_n, 128)
-    # The chunk's passes (the planner plans the fast mode's own); a plan made with other passes
-    # (written by hand, e.g. in a benchmark) gets them planned here.
+    # The operand maker the plan chose by its passes (`plan.FP8_PACKED_MAX_KEYS`): the packed fast-mode
+    # passes, or the bf16 pre-pass and the fold passes; a plan made with other passes (written by
+    # hand, e.g. in a benchmark) gets the packed ones planned here.
     fast_outs = (*FOLD_OUTS.values(), V_ANCHORED_OUT)
-    passes = tuple(p if p.out in fast_outs else None for p in (chunk.q_pass, chunk.k_pass, chunk.v_pass))
-    ops = fp8_operands_from_inputs(
-        query[bs, qh], key[bs, kv], value[bs, kv], plan.rules, hadamard=plan.hadamard, scale=plan.scale,
-        q_len_multiple=lm, k_len_multiple=ln, slots=plan.fwd_kernel == "gluon", passes=passes,
-    )  # fmt: skip
+    slots = plan.fwd_kernel == "gluon"
+    if chunk.k_pass.out == "bf16":
+        from mxattention.kernels.prepass import prepass_qk, prepass_v
+
+        q_rule, k_rule, v_rule = plan.rules
+        qb = prepass_qk(query[bs, qh], q_rule, hadamard=plan.hadamard, len_multiple=lm, out_bf16=True,
+                        pass_plan=chunk.q_pass)  # fmt: skip
+        kb = prepass_qk(key[bs, kv], k_rule, hadamard=plan.hadamard, len_multiple=ln, out_bf16=True,
+                        pass_plan=chunk.k_pass)  # fmt: skip
+        vb = prepass_v(value[bs, kv], v_rule, len_multiple=ln, out_bf16=True, pass_plan=chunk.v_pass)
+        ops = fp8_operands(qb, kb, vb, plan.scale, group, slots=slots)
+        del qb, kb, vb
+    else:
+        passes = tuple(p if p.out in fast_outs else None for p in (chunk.q_pass, chunk.k_pass, chunk.v_pass))
+        ops = fp8_operands_from_inputs(
+            query[bs, qh], key[bs, kv], value[bs, kv], plan.rules, hadamard=plan.hadamard, scale=plan.scale,
+            q_len_multiple=lm, k_len_multiple=ln, slots=slots, passes=passes,
+        )  # fmt: skip
     if plan.fwd_kernel == "gluon":  # the warp-specialized sm_90 kernel (`attention_fwd_hopper_fp8`)
         from mxattention.kernels.attention_fwd_hopper_fp8 import mx_attention_fwd_hopper_fp8
 

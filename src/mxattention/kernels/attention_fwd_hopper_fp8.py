@@ -86,20 +86,16 @@ HW_P_CAST = True
 # per tile: the same values, summed in another fp32 order. Off: per tile, within each 32-key block
 # (8 values per thread, then the 4 lanes by shuffles), then the blocks.
 L_PARTIAL = True
-# l from P~'s values as the hardware conversion rounds them (`_softmax8`): the induced weights of a
-# row sum to 1 up to fp32 for any row length; off, they may be off by up to n 2**-18 for n keys.
-L_ROUNDED = True
 
 # Variants of the kernel as constexpr overrides of the plan's spec (`variant_spec`), timed alone by
 # benchmarks/fp8_variants.py: each consumes the same P~ bytes; l and O~ differ by fp32 summation order
-# only (l_unrounded: by l's rounding, see L_ROUNDED). SASS per key tile and consumer, BAR.SYNC among
-# them (Triton 3.6, sm_90a, before L_ROUNDED): 2 stages without the overlap 908 (4), l_per_tile 940
+# only. SASS per key tile and consumer, BAR.SYNC among
+# them (Triton 3.6, sm_90a): 2 stages without the overlap 908 (4), l_per_tile 940
 # (the shuffles of l each tile), overlap 1161 (P~'s bytes carried), OVERLAP 2 912 (3 stages: 920, 3),
 # joint_empty 904 (2); none spills but qk_ahead2x (935 per tile and 1216 bytes of spill stores).
 # JOINT_EMPTY keeps a K^ slot until the tile's P~ V^ is done, so the next K^ lands a tile later.
 VARIANTS: dict[str, dict[str, object]] = {
     "default": {},
-    "l_unrounded": {"L_ROUNDED": False},
     "stages2_no_overlap": {"OVERLAP": False, "STAGES": 2},
     "stages2": {"STAGES": 2},
     "l_per_tile": {"L_PARTIAL": False},
@@ -170,8 +166,7 @@ if HAS_GLUON:
         """What every key tile reads: Lk keys in n_tiles tiles, ColScale + cs_base the KV head's
         column anchors 2**a_v (fp32 [DV], applied once at the end), CEIL, Q_EXP, Q_MANT (P~'s rule),
         P_CVT (P~'s E4M3 rounding by the hardware conversion), OVERLAP (the schedule), L_PARTIAL (l as
-        per-thread partial sums, `L_PARTIAL`), JOINT_EMPTY (one release per slot, `JOINT_EMPTY`), L_ROUNDED
-        (l of the converted values, `L_ROUNDED`): constexprs, each passed and kept on its own (a tuple of
+        per-thread partial sums, `L_PARTIAL`), JOINT_EMPTY (one release per slot, `JOINT_EMPTY`): constexprs, each passed and kept on its own (a tuple of
         them built in the kernel holds int32 / int1 scalars, and `P_CVT: gl.constexpr = ...` of such a
         scalar is always true: P_CVT=False skipped the software rounding)."""
 
@@ -186,7 +181,6 @@ if HAS_GLUON:
         OVERLAP: gl.constexpr
         L_PARTIAL: gl.constexpr
         JOINT_EMPTY: gl.constexpr
-        L_ROUNDED: gl.constexpr
 
         def __init__(
             self,
@@ -201,7 +195,6 @@ if HAS_GLUON:
             OVERLAP,
             L_PARTIAL,
             JOINT_EMPTY,
-            L_ROUNDED,
         ):
             self.Lk = Lk
             self.n_tiles = n_tiles
@@ -214,7 +207,6 @@ if HAS_GLUON:
             self.OVERLAP = gl.constexpr(OVERLAP)
             self.L_PARTIAL = gl.constexpr(L_PARTIAL)
             self.JOINT_EMPTY = gl.constexpr(JOINT_EMPTY)
-            self.L_ROUNDED = gl.constexpr(L_ROUNDED)
 
     @gluon.jit
     def _q8_to_smem(q):
@@ -276,16 +268,10 @@ if HAS_GLUON:
         # already (`cast.e4m3_round`) and the conversion is exact.
         if not P_CVT:
             r3 = e4m3_round(r3)
-        # PNQ's l in fp32 from the values the bytes hold (the FP8 accumulator's sums moved the
-        # weights' row sums off 1 by up to 3.6e-3). With P_CVT the bytes round r3 only below 2**-8
-        # (2**-16 of the row's largest, P~ being E2M1 x 2**k times 2**8): there onto multiples of
-        # 2**-9 (E4M3's subnormals), which (v + 2**14) - 2**14 does in fp32 (its ulp there is 2**-9),
-        # exactly for every such value (L_ROUNDED, two adds per value). Without it l sums the values
-        # before that rounding: each off by at most 2**-10, a row sum (>= 256) by n 2**-18 for n keys.
-        if P_CVT and keys.L_ROUNDED:
-            l_tile = _l_sums((r3 + 16384.0) - 16384.0, keys.L_PARTIAL)
-        else:
-            l_tile = _l_sums(r3, keys.L_PARTIAL)
+        # PNQ's l in fp32 from the values the bytes hold: r3 itself, an E4M3 value under the block
+        # scale floor of `fp8_p_tile` (the FP8 accumulator's sums of P~ x ones moved the weights' row
+        # sums off 1 by up to 3.6e-3; l from r3 before that floor, by up to n 2**-18 for n keys).
+        l_tile = _l_sums(r3, keys.L_PARTIAL)
         return m_new, alpha, gl.convert_layout(_key_slots(r3), dot_a), l_tile
 
     @gluon.jit
@@ -567,7 +553,6 @@ if HAS_GLUON:
         OVERLAP: gl.constexpr,
         L_PARTIAL: gl.constexpr = L_PARTIAL,
         JOINT_EMPTY: gl.constexpr = JOINT_EMPTY,
-        L_ROUNDED: gl.constexpr = L_ROUNDED,
     ):
         BN: gl.constexpr = k_desc.block_type.shape[0]
         DV: gl.constexpr = v_desc.block_type.shape[0]
@@ -599,7 +584,6 @@ if HAS_GLUON:
             OVERLAP,
             L_PARTIAL,
             JOINT_EMPTY,
-            L_ROUNDED,
         )
         epi = Epilogue(Out, Lse, None, b, h, out_base, lse_base, stride_om, stride_od, Lq, OUT_MAX, False)
         gl.warp_specialize(

@@ -476,10 +476,16 @@ def gluon_fp8_fwd_spec(
         OVERLAP=fast.OVERLAP,
         L_PARTIAL=fast.L_PARTIAL,
         JOINT_EMPTY=fast.JOINT_EMPTY,
-        L_ROUNDED=fast.L_ROUNDED,
     )
     return FwdSpec(FwdKernel.GLUON, tuple(constexprs.items()), fast.NUM_WARPS)
 
+
+# The fast mode's operands (docs/fast_mode.md): up to this many (padded) keys the packed passes of
+# `attention_fwd_fp8.fp8_operands_from_inputs` (Q^ folded in its pass, K^ / V^ packed, then folded),
+# beyond it the bf16 pre-pass and `fp8_operands`' fold passes. H200, 2026-12-04 (benchmarks/results/
+# fp8_variants_h200.json): packed 0.47 ms against 0.67 at 512 keys (40 x 32760 queries), 1.84 against
+# 1.04 at 16384 and 2.14 against 1.23 at 32768 (same bytes). Between 512 and 16384 keys not measured.
+FP8_PACKED_MAX_KEYS = 4096
 
 # Q smoothing's Q^ pass is the Gluon one (`prepass_hopper`: each tile subtracts its block's mean row)
 # only for calls of at most this many head / batch chunks, as measured on the H200 (benchmarks/NOTES.md,
@@ -785,7 +791,15 @@ def plan_call(
     chunks = []
     for bs, hs in ranges:
         heads = (bs[1] - bs[0]) * (hs[1] - hs[0])
-        if heads not in by_heads and cfg.mma == "fp8":
+        if heads not in by_heads and cfg.mma == "fp8" and lkp > FP8_PACKED_MAX_KEYS:
+            # The fast mode's operands from the bf16 pre-pass and the fold passes
+            # (`attention_fwd_fp8.fp8_operands`): faster than the packed passes at long keys.
+            by_heads[heads] = (
+                qk_pass(qx, lqp, out_bf16=True, smoothed=False, heads=heads * group, **passes),
+                qk_pass(kx, lkp, out_bf16=True, smoothed=False, heads=heads, **passes),
+                v_pass(vx, lvp, out_bf16=True, elem="e2m1", heads=heads, tiles=tiles),
+            )
+        elif heads not in by_heads and cfg.mma == "fp8":
             # The fast mode's own passes (`attention_fwd_fp8.fp8_operands_from_inputs`): Q^ folded
             # in its pass, K^ / V^ packed with their anchors (dense, unsmoothed: `fp8_reason`).
             by_heads[heads] = (

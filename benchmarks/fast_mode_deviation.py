@@ -191,7 +191,7 @@ def markdown(report: dict) -> str:
         "anchor instead).",
         "",
         "| set | calls | dev max | dev mean | exact vs fp32 | max abs(row sum - 1) | Q^ blocks out | "
-        "K^ blocks out (per key) | K^ heads out | V^ blocks out | P~ blocks out (of nonzero) | rows with P~ out |",
+        "K^ blocks out (per key) | K^ heads out | V^ blocks out | P~ blocks changed (of nonzero) | rows with P~ changed |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for s in report["sets"]:

@@ -210,9 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg):
         print(f"[{time.time() - t0:6.1f} s] {msg}", flush=True)
 
+    import datetime
+
     import triton
 
-    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+    report = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+              "command": "python " + " ".join(sys.argv), "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "rep_ms": args.rep_ms, "variants": {n: fast.VARIANTS[n] for n in variants}, "shapes": {}}  # fmt: skip
     if args.warmup_s > 0:  # clocks up once, on the first shape's sizes
         h, lq, lk, d = SHAPES[shapes[0]]

@@ -60,7 +60,7 @@ HAS_GLUON = hopper.HAS_GLUON
 HEAD_DIM, BLOCK_M, BLOCK_N = hopper.HEAD_DIM, hopper.BLOCK_M, hopper.BLOCK_N
 # K^ / V^ ring stages (16 KiB + 16 KiB each: 3 take 112 KiB of shared memory with Q^), registers per
 # consumer / producer thread (setmaxnreg). 3 stages with OVERLAP = 2 timed fastest of the variants on
-# the H200 (benchmarks/results/fp8_variants_h200.json, 2026-12-04: kernel alone 1.079x / 1.177x /
+# the H200 (benchmarks/results/fp8_variants_h200_schedules.json, 2026-12-04: kernel alone 1.079x / 1.177x /
 # 0.634x cuDNN at 16k / HunyuanVideo 32k / the 512-key cross-attention against 1.063x / 1.106x /
 # 0.632x for 2 stages without the overlap).
 STAGES, CONSUMER_REGS, PRODUCER_REGS = 3, 240, 24

@@ -482,9 +482,10 @@ def gluon_fp8_fwd_spec(
 
 # The fast mode's operands (docs/fast_mode.md): up to this many (padded) keys the packed passes of
 # `attention_fwd_fp8.fp8_operands_from_inputs` (Q^ folded in its pass, K^ / V^ packed, then folded),
-# beyond it the bf16 pre-pass and `fp8_operands`' fold passes. H200, 2026-12-04 (benchmarks/results/
-# fp8_variants_h200.json): packed 0.47 ms against 0.67 at 512 keys (40 x 32760 queries), 1.84 against
-# 1.04 at 16384 and 2.14 against 1.23 at 32768 (same bytes). Between 512 and 16384 keys not measured.
+# beyond it the bf16 pre-pass and `fp8_operands`' fold passes. H200, 2026-12-04
+# (benchmarks/results/fp8_variants_h200_l_rounded.json): packed 0.47 ms against 0.67 at 512 keys
+# (40 x 32760 queries), 1.84 against 1.04 at 16384 and 2.14 against 1.23 at 32768 (same bytes).
+# Between 512 and 16384 keys not measured: the limit is a guess between the two.
 FP8_PACKED_MAX_KEYS = 4096
 
 # Q smoothing's Q^ pass is the Gluon one (`prepass_hopper`: each tile subtracts its block's mean row)

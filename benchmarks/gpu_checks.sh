@@ -21,5 +21,6 @@ timeout "${TEST_TIMEOUT_S:-300}" python3 -m pytest -q -rfE -p no:cacheprovider -
   tests/kernels/test_plan_cache.py tests/kernels/test_smoothing.py tests/kernels/test_varlen_kernel.py \
   tests/kernels/test_launch_specs.py tests/kernels/test_attention_fwd_fp8.py tests/ops \
   tests/attention/test_smoothing.py tests/attention/test_empty_inputs.py tests/integrations/test_zero_size.py \
-  tests/integrations/test_xdit.py tests/kernels/test_program.py tests/kernels/test_attention_fwd_fp8_gluon.py 2>&1 | tee "$out/gpu_tests.log" | tail -15
+  tests/integrations/test_xdit.py tests/kernels/test_program.py tests/kernels/test_attention_fwd_fp8_gluon.py \
+  tests/kernels/test_fold8.py 2>&1 | tee "$out/gpu_tests.log" | tail -15
 python3 benchmarks/bench_host.py --shapes all ${BREAKDOWN:+--breakdown} --reps "${REPS:-30}" --out "$out" --name host_h200 2>&1 | tail -40

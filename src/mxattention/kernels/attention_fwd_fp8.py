@@ -41,7 +41,6 @@ from mxattention.kernels.cast import (
     block_scale,
     dequant_e2m1,
     e2m1_round,
-    e4m3_round,
     exp2_ftz,
 )
 from mxattention.kernels.fold8 import (
@@ -118,8 +117,7 @@ def _fold_kernel(
     cols = tl.arange(0, DP)
     x = tl.load(X + (bh * L + rows[:, None]) * DP + cols[None, :]).to(tl.float32)
     if ANCHORS == 0:
-        a = anchor_of(tl.max(finite_abs(x), 1))
-        a = tl.where(a == -1048576, 0, a)
+        a = anchor_or_zero(anchor_of(tl.max(finite_abs(x), 1)))
         tl.store(A + bh * L + rows, a)
         a = a[:, None]
     elif ANCHORS == 1:
@@ -372,16 +370,13 @@ def _fp8_tile(
     elif MASKED:
         s = _mask_scores(s, offs_m, offs_n, Lq, Lk, mask_base, stride_mm, stride_mn, CAUSAL, MASK_MODE)
     m_new, alpha, p3, r3 = fp8_p_tile(s, m, c, CEIL, Q_EXP, Q_MANT, EXP_FLUSH)
-    if P_CVT:
-        # The hardware's rounding conversion (checked equal to `cast.e4m3_round` on every fp32 in
-        # [0, 2**9], targets.HW_E4M3_CAST), one instruction per pair, and back for l: l adds exactly
-        # the bytes the MMA reads.
+    # r3 holds E4M3 values (`fp8_p_tile`'s block-scale floor), so either conversion to bytes is exact
+    # and l adds r3 itself: exactly the values the MMA reads.
+    f3 = r3
+    f = tl.reshape(f3, [BM, BN])
+    if P_CVT:  # the hardware's rounding conversion, one instruction per pair
         p8 = tl.reshape(r3.to(tl.float8e4nv, fp_downcast_rounding="rtne"), [BM, BN])
-        f = p8.to(tl.float32)
-        f3 = tl.reshape(f, [BM, BN // 32, 32])
     else:
-        f3 = e4m3_round(r3)
-        f = tl.reshape(f3, [BM, BN])
         # (EXP_FLUSH is set on the interpreter, whose float8 conversion of NaN is wrong: bytes by bits there)
         p8 = e4m3_bytes(f, EXP_FLUSH)
     if DEBUG_P:

@@ -118,18 +118,17 @@ def _mask(kind: str, shape, g):
 def fast_kernel_only(q, k, v, scale, *, mask=None, is_causal=False, debug_p=None, **kernel_options):
     """The fast mode's call (one chunk) with kernel options (qk_acc, pv_acc, block_m, num_warps,
     num_stages): pre-pass, fold, kernel; returns (out fp32, lse)."""
-    from mxattention.kernels.attention_fwd_fp8 import fp8_operands, mx_attention_fwd_fp8
-    from mxattention.kernels.prepass import prepass_qk, prepass_v
+    from mxattention.kernels.attention_fwd_fp8 import fp8_operands_via_bf16, mx_attention_fwd_fp8
     from mxattention.kernels.rules import rule_constants
 
     b, hq, lq, _ = q.shape
     hk, lk, dv = k.shape[1], k.shape[2], v.shape[3]
     bm = kernel_options.pop("block_m", 128)
     kernel_options.setdefault("p_cvt", _hw_cast())  # as the plan (run_chunk_fp8)
-    qb = prepass_qk(q, "uos", hadamard=True, len_multiple=max(bm, 128), out_bf16=True)
-    kb = prepass_qk(k, "uos", hadamard=True, len_multiple=128, out_bf16=True)
-    vb = prepass_v(v, "uos", len_multiple=128, out_bf16=True)
-    ops = fp8_operands(qb, kb, vb, scale, hq // hk, slots=False)  # the tl kernel's V^ order
+    ops = fp8_operands_via_bf16(
+        q, k, v, ("uos",) * 3, hadamard=True, scale=scale, q_len_multiple=max(bm, 128), k_len_multiple=128,
+        slots=False,  # the tl kernel's V^ order
+    )  # fmt: skip
     pr = rule_constants(FAST.p.rule, FAST.p.elem)
     out = torch.empty(b, hq, lq, dv, device=q.device, dtype=torch.float32)
     lse = mx_attention_fwd_fp8(
@@ -365,9 +364,8 @@ def speed_shape(name: str, shape, rep_ms: float, warmup_s: float, log) -> dict:
     """Median ms, TFLOP/s and speed against cuDNN of each candidate at shape (H, Lq, Lk, D), bf16."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from mxattention.kernels.attention_fwd_fp8 import HW_P_CAST, fp8_operands, mx_attention_fwd_fp8
+    from mxattention.kernels.attention_fwd_fp8 import HW_P_CAST, fp8_operands_via_bf16, mx_attention_fwd_fp8
     from mxattention.kernels.fused import fused_attention
-    from mxattention.kernels.prepass import prepass_qk, prepass_v
     from mxattention.kernels.rules import rule_constants
 
     h, lq, lk, d = shape
@@ -388,11 +386,18 @@ def speed_shape(name: str, shape, rep_ms: float, warmup_s: float, log) -> dict:
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
-    def prep(slots: bool = True):  # as planned on sm_90: V^ in the Gluon kernel's order
-        qb = prepass_qk(q, "uos", hadamard=True, out_bf16=True)
-        kb = prepass_qk(k, "uos", hadamard=True, out_bf16=True)
-        vb = prepass_v(v, "uos", out_bf16=True)
-        return fp8_operands(qb, kb, vb, scale, 1, slots=slots)
+    def prep(slots: bool = True):  # the bf16 maker; V^ in the Gluon kernel's order by default
+        return fp8_operands_via_bf16(
+            q,
+            k,
+            v,
+            ("uos",) * 3,
+            hadamard=True,
+            scale=scale,
+            q_len_multiple=128,
+            k_len_multiple=128,
+            slots=slots,
+        )
 
     from mxattention.kernels.attention_fwd_fp8 import fp8_operands_from_inputs
     from mxattention.kernels.plan import plan_call

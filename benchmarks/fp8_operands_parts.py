@@ -69,22 +69,14 @@ def steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> di
 
 def whole(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> dict[str, Callable[[], object]]:
     """Both makers from Q, K, V, as `run_chunk_fp8` runs them."""
-    from mxattention.kernels.attention_fwd_fp8 import fp8_operands, fp8_operands_from_inputs
-    from mxattention.kernels.prepass import prepass_qk, prepass_v
+    from mxattention.kernels.attention_fwd_fp8 import fp8_operands_from_inputs, fp8_operands_via_bf16
 
     rules = ("uos", "uos", "uos")
 
-    def bf16_maker():
-        qb = prepass_qk(q, "uos", hadamard=True, out_bf16=True)
-        kb = prepass_qk(k, "uos", hadamard=True, out_bf16=True)
-        vb = prepass_v(v, "uos", out_bf16=True)
-        return fp8_operands(qb, kb, vb, scale, 1, slots=True)
-
+    kw = dict(hadamard=True, scale=scale, q_len_multiple=128, k_len_multiple=128, slots=True)
     return {
-        "packed maker, whole": lambda: fp8_operands_from_inputs(
-            q, k, v, rules, hadamard=True, scale=scale, q_len_multiple=128, k_len_multiple=128, slots=True
-        ),
-        "bf16 maker, whole": bf16_maker,
+        "packed maker, whole": lambda: fp8_operands_from_inputs(q, k, v, rules, **kw),
+        "bf16 maker, whole": lambda: fp8_operands_via_bf16(q, k, v, rules, **kw),
     }
 
 

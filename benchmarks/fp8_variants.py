@@ -42,9 +42,8 @@ def time_shape(shape, variants: list[str], rep_ms: float, log, with_calls: bool 
 
     from mxattention.attention.config import get_method
     from mxattention.kernels import attention_fwd_hopper_fp8 as fast
-    from mxattention.kernels.attention_fwd_fp8 import fp8_operands
+    from mxattention.kernels.attention_fwd_fp8 import fp8_operands_via_bf16
     from mxattention.kernels.plan import gluon_fp8_fwd_spec
-    from mxattention.kernels.prepass import prepass_qk, prepass_v
     from mxattention.kernels.rules import rule_constants
 
     h, lq, lk, d = shape
@@ -54,11 +53,9 @@ def time_shape(shape, variants: list[str], rep_ms: float, log, with_calls: bool 
     k = (torch.randn(1, h, lk, d, device="cuda", generator=g) * chan).bfloat16()
     v = torch.randn(1, h, lk, d, device="cuda", generator=g).bfloat16()
     scale = d**-0.5
-    qb = prepass_qk(q, "uos", hadamard=True, out_bf16=True)
-    kb = prepass_qk(k, "uos", hadamard=True, out_bf16=True)
-    vb = prepass_v(v, "uos", out_bf16=True)
-    ops = fp8_operands(qb, kb, vb, scale, 1, slots=True)
-    del qb, kb, vb
+    ops = fp8_operands_via_bf16(
+        q, k, v, ("uos",) * 3, hadamard=True, scale=scale, q_len_multiple=128, k_len_multiple=128, slots=True
+    )
     fast_cfg = get_method("mxattention-fast")
     pr = rule_constants(fast_cfg.p.rule, fast_cfg.p.elem)
     planned = gluon_fp8_fwd_spec(p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=True, out_dtype=torch.bfloat16,
@@ -107,9 +104,8 @@ def _operands_and_calls(q, k, v, scale, ops, rep_ms, cudnn_ms, flop, log) -> dic
 
     import mxattention
     from mxattention.attention.config import get_method
-    from mxattention.kernels.attention_fwd_fp8 import fp8_operands, fp8_operands_from_inputs
+    from mxattention.kernels.attention_fwd_fp8 import fp8_operands_from_inputs, fp8_operands_via_bf16
     from mxattention.kernels.plan import plan_call
-    from mxattention.kernels.prepass import prepass_qk, prepass_v
 
     fast_plan = plan_call(get_method("mxattention-fast"), q, k, v, scale=scale)
     c = fast_plan.chunks[0]
@@ -126,10 +122,17 @@ def _operands_and_calls(q, k, v, scale, ops, rep_ms, cudnn_ms, flop, log) -> dic
         return lambda: planned(qp, kp)
 
     def bf16_path():
-        qb = prepass_qk(q, "uos", hadamard=True, out_bf16=True)
-        kb = prepass_qk(k, "uos", hadamard=True, out_bf16=True)
-        vb = prepass_v(v, "uos", out_bf16=True)
-        return fp8_operands(qb, kb, vb, scale, 1, slots=True)
+        return fp8_operands_via_bf16(
+            q,
+            k,
+            v,
+            ("uos",) * 3,
+            hadamard=True,
+            scale=scale,
+            q_len_multiple=128,
+            k_len_multiple=128,
+            slots=True,
+        )
 
     def same(got) -> bool:
         u8 = [x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x for x in (*got, *ops)]

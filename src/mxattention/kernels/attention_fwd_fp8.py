@@ -508,6 +508,37 @@ def fp8_operands(
     return q8, rowscale, k8, v8t, pow2_f32(av)
 
 
+def fp8_operands_via_bf16(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    rules: tuple,
+    *,
+    hadamard: bool,
+    scale: float,
+    q_len_multiple: int,
+    k_len_multiple: int,
+    slots: bool,
+    passes: tuple = (None, None, None),
+):
+    """`fp8_operands` of the exact pre-pass's bf16 Q^, K^, V^ of query [B, Hq, Lq, D], key
+    [B, Hkv, Lk, D], value [B, Hkv, Lk, Dv]: the plan's maker at long keys (`plan.FP8_PACKED_MAX_KEYS`),
+    the same bytes as `fp8_operands_from_inputs`, whose arguments it takes. `passes`: the (Q^, K^,
+    V^) bf16 `prepass.PassPlan`s, or None (planned by the pre-pass)."""
+    from mxattention.kernels.prepass import prepass_qk, prepass_v
+
+    q_rule, k_rule, v_rule = rules
+    q_pass, k_pass, v_pass = passes
+    qb = prepass_qk(
+        query, q_rule, hadamard=hadamard, len_multiple=q_len_multiple, out_bf16=True, pass_plan=q_pass
+    )
+    kb = prepass_qk(
+        key, k_rule, hadamard=hadamard, len_multiple=k_len_multiple, out_bf16=True, pass_plan=k_pass
+    )
+    vb = prepass_v(value, v_rule, len_multiple=k_len_multiple, out_bf16=True, pass_plan=v_pass)
+    return fp8_operands(qb, kb, vb, scale, query.shape[1] // key.shape[1], slots=slots)
+
+
 def fp8_operands_from_inputs(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -675,25 +706,16 @@ def run_chunk_fp8(plan, chunk, query, key, value, out, lse, dbg, mask, is_causal
     # The operand maker the plan chose by its passes (`plan.FP8_PACKED_MAX_KEYS`): the packed fast-mode
     # passes, or the bf16 pre-pass and the fold passes; a plan made with other passes (written by
     # hand, e.g. in a benchmark) gets the packed ones planned here.
-    fast_outs = (*FOLD_OUTS.values(), V_ANCHORED_OUT)
-    slots = plan.fwd_kernel == "gluon"
+    planned = (chunk.q_pass, chunk.k_pass, chunk.v_pass)
     if chunk.k_pass.out == "bf16":
-        from mxattention.kernels.prepass import prepass_qk, prepass_v
-
-        q_rule, k_rule, v_rule = plan.rules
-        qb = prepass_qk(query[bs, qh], q_rule, hadamard=plan.hadamard, len_multiple=lm, out_bf16=True,
-                        pass_plan=chunk.q_pass)  # fmt: skip
-        kb = prepass_qk(key[bs, kv], k_rule, hadamard=plan.hadamard, len_multiple=ln, out_bf16=True,
-                        pass_plan=chunk.k_pass)  # fmt: skip
-        vb = prepass_v(value[bs, kv], v_rule, len_multiple=ln, out_bf16=True, pass_plan=chunk.v_pass)
-        ops = fp8_operands(qb, kb, vb, plan.scale, group, slots=slots)
-        del qb, kb, vb
+        maker, passes = fp8_operands_via_bf16, planned
     else:
-        passes = tuple(p if p.out in fast_outs else None for p in (chunk.q_pass, chunk.k_pass, chunk.v_pass))
-        ops = fp8_operands_from_inputs(
-            query[bs, qh], key[bs, kv], value[bs, kv], plan.rules, hadamard=plan.hadamard, scale=plan.scale,
-            q_len_multiple=lm, k_len_multiple=ln, slots=slots, passes=passes,
-        )  # fmt: skip
+        fast_outs = (*FOLD_OUTS.values(), V_ANCHORED_OUT)
+        maker, passes = fp8_operands_from_inputs, tuple(p if p.out in fast_outs else None for p in planned)
+    ops = maker(
+        query[bs, qh], key[bs, kv], value[bs, kv], plan.rules, hadamard=plan.hadamard, scale=plan.scale,
+        q_len_multiple=lm, k_len_multiple=ln, slots=plan.fwd_kernel == "gluon", passes=passes,
+    )  # fmt: skip
     if plan.fwd_kernel == "gluon":  # the warp-specialized sm_90 kernel (`attention_fwd_hopper_fp8`)
         from mxattention.kernels.attention_fwd_hopper_fp8 import mx_attention_fwd_hopper_fp8
 

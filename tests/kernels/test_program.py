@@ -65,13 +65,12 @@ def _hostile(shape, dtype, seed):
     return x.to(dtype)
 
 
-def _replayed(monkeypatch, shapes, dtype=BF16, **kw):
-    """Record on one set of inputs, replay on another; assert the replay is the normal path's result."""
-    first = [_hostile(s, dtype, i) for i, s in enumerate(shapes)]
+def _record_then_replay(monkeypatch, first, second, **kw):
+    """Record on the inputs `first`, replay on `second` (the same signature, other addresses); assert
+    the replay is the normal path's result bit for bit. Returns the program."""
     mxattention.scaled_dot_product_attention(*first, **kw)
     made = _only_program()
     assert isinstance(made, program.CallProgram), made
-    second = [_hostile(s, dtype, 10 + i) for i, s in enumerate(shapes)]
     runs = _count_replays(monkeypatch)
     got = mxattention.scaled_dot_product_attention(*second, return_lse=True, **kw)
     assert runs == [1]
@@ -79,6 +78,13 @@ def _replayed(monkeypatch, shapes, dtype=BF16, **kw):
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(got[1], want[1], rtol=0, atol=0, equal_nan=True)
     return made
+
+
+def _replayed(monkeypatch, shapes, dtype=BF16, **kw):
+    """`_record_then_replay` on two sets of hostile inputs of `shapes`."""
+    first = [_hostile(s, dtype, i) for i, s in enumerate(shapes)]
+    second = [_hostile(s, dtype, 10 + i) for i, s in enumerate(shapes)]
+    return _record_then_replay(monkeypatch, first, second, **kw)
 
 
 @INTERPRETED
@@ -248,15 +254,7 @@ def test_gpu_replay_equals_the_normal_path(monkeypatch, shapes, kw):
         big = [_hostile((*s[:2], s[2] + 16, s[3]), BF16, seed + i).cuda() for i, s in enumerate(shapes)]
         return [b[:, :, start : start + s[2]] for b, s in zip(big, shapes, strict=True)]
 
-    mxattention.scaled_dot_product_attention(*inputs(0, 0), **kw)
-    assert isinstance(_only_program(), program.CallProgram)
-    second = inputs(20, 16)
-    runs = _count_replays(monkeypatch)
-    got = mxattention.scaled_dot_product_attention(*second, return_lse=True, **kw)
-    assert runs == [1]
-    want = _normal(monkeypatch, *second, **kw)
-    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0, equal_nan=True)
-    torch.testing.assert_close(got[1], want[1], rtol=0, atol=0, equal_nan=True)
+    _record_then_replay(monkeypatch, inputs(0, 0), inputs(20, 16), **kw)
 
 
 @INTERPRETED

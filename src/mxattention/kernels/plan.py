@@ -788,33 +788,29 @@ def plan_call(
     tiles = pass_tiles(o.prepass_tiles)
     broken = frozenset(k for k in _BUILD_FAILURES if isinstance(k, str))  # Gluon passes that did not build
     passes = dict(hadamard=cfg.hadamard, elem=qe, tiles=tiles, broken=broken)
+    if cfg.mma != "fp8":
+        q_kw = dict(out_bf16=False, smoothed=blk > 0, gluon=gluon_q)
+        k_kw, v_kw = dict(out_bf16=wide, smoothed=False), dict(out_bf16=wide, elem=cfg.v.elem)
+    elif lkp > FP8_PACKED_MAX_KEYS:
+        # The fast mode's operands from the bf16 pre-pass and the fold passes
+        # (`attention_fwd_fp8.fp8_operands_via_bf16`): faster than the packed passes at long keys.
+        q_kw = k_kw = dict(out_bf16=True, smoothed=False)
+        v_kw = dict(out_bf16=True, elem="e2m1")
+    else:
+        # The fast mode's own passes (`attention_fwd_fp8.fp8_operands_from_inputs`): Q^ folded in its
+        # pass, K^ / V^ packed with their anchors (dense, unsmoothed: `fp8_reason`).
+        q_kw = dict(out_bf16=False, smoothed=False, fold="q")
+        k_kw = dict(out_bf16=False, smoothed=False, fold="k")
+        v_kw = dict(out_bf16=False, elem="e2m1", anchors=True)
     by_heads: dict[int, tuple[PassPlan, PassPlan, PassPlan]] = {}  # a chunk's passes, by its B x KV heads
     chunks = []
     for bs, hs in ranges:
         heads = (bs[1] - bs[0]) * (hs[1] - hs[0])
-        if heads not in by_heads and cfg.mma == "fp8" and lkp > FP8_PACKED_MAX_KEYS:
-            # The fast mode's operands from the bf16 pre-pass and the fold passes
-            # (`attention_fwd_fp8.fp8_operands`): faster than the packed passes at long keys.
+        if heads not in by_heads:
             by_heads[heads] = (
-                qk_pass(qx, lqp, out_bf16=True, smoothed=False, heads=heads * group, **passes),
-                qk_pass(kx, lkp, out_bf16=True, smoothed=False, heads=heads, **passes),
-                v_pass(vx, lvp, out_bf16=True, elem="e2m1", heads=heads, tiles=tiles),
-            )
-        elif heads not in by_heads and cfg.mma == "fp8":
-            # The fast mode's own passes (`attention_fwd_fp8.fp8_operands_from_inputs`): Q^ folded
-            # in its pass, K^ / V^ packed with their anchors (dense, unsmoothed: `fp8_reason`).
-            by_heads[heads] = (
-                qk_pass(qx, lqp, out_bf16=False, smoothed=False, heads=heads * group, fold="q", **passes),
-                qk_pass(kx, lkp, out_bf16=False, smoothed=False, heads=heads, fold="k", **passes),
-                v_pass(vx, lvp, out_bf16=False, elem="e2m1", heads=heads, tiles=tiles, anchors=True),
-            )
-        elif heads not in by_heads:
-            by_heads[heads] = (
-                qk_pass(
-                    qx, lqp, out_bf16=False, smoothed=blk > 0, gluon=gluon_q, heads=heads * group, **passes
-                ),
-                qk_pass(kx, lkp, out_bf16=wide, smoothed=False, heads=heads, **passes),
-                v_pass(vx, lvp, out_bf16=wide, elem=cfg.v.elem, heads=heads, tiles=tiles),
+                qk_pass(qx, lqp, heads=heads * group, **q_kw, **passes),
+                qk_pass(kx, lkp, heads=heads, **k_kw, **passes),
+                v_pass(vx, lvp, heads=heads, tiles=tiles, **v_kw),
             )
         chunks.append(ChunkPlan(bs, hs, *by_heads[heads]))
     pr = rule_constants(cfg.p.rule, cfg.p.elem)

@@ -34,11 +34,10 @@ Structure (one CTA per 128 query rows of one (batch, head)), as `attention_fwd_h
   stores V^'s keys in the order a thread holds them (`attention_fwd_fp8.key_slot`), `_key_slots`
   permutes P~'s columns likewise, and the conversion to the A operand is a byte permutation
   within each thread.
-- per key tile j (`_tile8`): S_j, its softmax and P~_j's row sums, then P~_j V^_j,
-  O~ = fma(O~, alpha_j, P~_j V^_j); the other consumer's
-  wgmmas run under each softmax. The intra-warpgroup overlaps (OVERLAP 1: S_{j+1} in flight beside
-  P~_j V^_j; 2: S_{j+1} in flight under S_j's softmax, `_ahead8`) are there to be timed, off by
-  default (see OVERLAP).
+- per key tile j: S_j, its softmax and P~_j's row sums, then P~_j V^_j, O~ = fma(O~, alpha_j,
+  P~_j V^_j); the other consumer's wgmmas run under each softmax. By default (OVERLAP 2, `_ahead8`)
+  S_{j+1} is issued before S_j's softmax and runs under it; OVERLAP 1 (S_{j+1} in flight beside
+  P~_j V^_j) and off (`_tile8`: each wgmma waited for) remain as variants to time (see OVERLAP).
 """
 
 from __future__ import annotations

@@ -55,7 +55,6 @@ from mxattention.kernels.fold8 import (
 )
 from mxattention.kernels.online_softmax import finish_lse
 
-P_FOLD = 256.0  # 2**formats.fold.P_FOLD_EXP
 FP32_TINY_HOST = 2.0**-126  # fp32's smallest normal: the least score factor (`fp8_operands`)
 FOLD_ROWS = 32  # rows per program of the fold passes
 # P~'s rounding onto E4M3 by the hardware conversion (`targets.hw_e4m3_cast`) is off: on the H200

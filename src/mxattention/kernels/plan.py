@@ -242,7 +242,13 @@ def kv_heads_per_chunk(
     if kv_chunk_bytes is None:
         return hk
     per_head = 2 * b * lkp * (dp + dvp)  # bf16 K^ and V^ of one KV head, all batches
-    most = max(1, min(hk, chunk_bytes(b, hk, lkp, dp, dvp, kv_chunk_bytes, device_bytes) // per_head))
+    return _balanced_heads(hk, chunk_bytes(b, hk, lkp, dp, dvp, kv_chunk_bytes, device_bytes), per_head)
+
+
+def _balanced_heads(hk: int, bound: int, per_head: int) -> int:
+    """KV heads per chunk when each takes `per_head` bytes of `bound` (at least one, at most hk),
+    balanced so the chunks are equal but for the last: ceil(hk / ceil(hk / most))."""
+    most = max(1, min(hk, bound // per_head))
     return -(-hk // -(-hk // most))
 
 
@@ -265,8 +271,7 @@ def smoothing_heads_per_chunk(
     if kv_chunk_bytes is None:
         return hk
     bound = chunk_bytes(b, hk, lkp, dp, dvp, kv_chunk_bytes, device_bytes)
-    most = max(1, min(hk, bound // (4 * b * group * nb * lkp)))
-    return -(-hk // -(-hk // most))
+    return _balanced_heads(hk, bound, 4 * b * group * nb * lkp)
 
 
 def recoverable_waves(ctas: list[int], sms: int) -> float:

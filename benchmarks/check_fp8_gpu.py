@@ -388,16 +388,9 @@ def speed_shape(name: str, shape, rep_ms: float, warmup_s: float, log) -> dict:
 
     def prep(slots: bool = True):  # the bf16 maker; V^ in the Gluon kernel's order by default
         return fp8_operands_via_bf16(
-            q,
-            k,
-            v,
-            ("uos",) * 3,
-            hadamard=True,
-            scale=scale,
-            q_len_multiple=128,
-            k_len_multiple=128,
+            q, k, v, ("uos",) * 3, hadamard=True, scale=scale, q_len_multiple=128, k_len_multiple=128,
             slots=slots,
-        )
+        )  # fmt: skip
 
     from mxattention.kernels.attention_fwd_fp8 import fp8_operands_from_inputs
     from mxattention.kernels.plan import plan_call

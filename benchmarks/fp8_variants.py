@@ -123,16 +123,9 @@ def _operands_and_calls(q, k, v, scale, ops, rep_ms, cudnn_ms, flop, log) -> dic
 
     def bf16_path():
         return fp8_operands_via_bf16(
-            q,
-            k,
-            v,
-            ("uos",) * 3,
-            hadamard=True,
-            scale=scale,
-            q_len_multiple=128,
-            k_len_multiple=128,
+            q, k, v, ("uos",) * 3, hadamard=True, scale=scale, q_len_multiple=128, k_len_multiple=128,
             slots=True,
-        )
+        )  # fmt: skip
 
     def same(got) -> bool:
         u8 = [x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x for x in (*got, *ops)]

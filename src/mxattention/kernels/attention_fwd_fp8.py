@@ -50,7 +50,7 @@ from mxattention.kernels.fold8 import (
     e4m3_bytes,
     finite_abs,
     fold_values,
-    key_slot,
+    in_key_slots,
     pow2_bits,
 )
 from mxattention.kernels.online_softmax import finish_lse
@@ -124,10 +124,11 @@ def _fold_kernel(
     else:
         a = tl.load(A + bh * DP + cols)[None, :]
     f = e4m3_bytes(fold_values(x, a), True)
-    if TRANS and SLOTS:  # V^: keys in `key_slot` order within each block of 32 (rows: one such block)
-        tl.store(F + (bh * DP + cols[None, :]) * L + key_slot(rows)[:, None], f)
-    elif TRANS:
-        tl.store(F + (bh * DP + cols[None, :]) * L + rows[:, None], f)
+    if TRANS:  # V^ [DP, keys]; SLOTS: the keys of each block of 32 in `key_slot` order
+        f = tl.trans(f)
+        if SLOTS:
+            f = in_key_slots(f)
+        tl.store(F + (bh * DP + cols[:, None]) * L + rows[None, :], f)
     else:
         tl.store(F + (bh * L + rows[:, None]) * DP + cols[None, :], f)
 
@@ -198,10 +199,9 @@ def _fold_packed_kernel(
         x = dequant_e2m1(codes, scales, DP, BL)  # [DP, BL]
         a = anchor_or_zero(tl.load(A + bh * DP + tl.arange(0, DP)))
         f = e4m3_bytes(fold_values(x, a[:, None]), True)
-        keys = pid * BL + tl.arange(0, BL)
         if SLOTS:
-            keys = key_slot(keys)
-        tl.store(F + (bh * DP + d) * L + keys[None, :], f)
+            f = in_key_slots(f)
+        tl.store(F + (bh * DP + d) * L + pid * BL + tl.arange(0, BL)[None, :], f)
         if pid == 0:
             tl.store(ColScale + bh * DP + tl.arange(0, DP), pow2_bits(a))
     else:

@@ -2,7 +2,7 @@
 (`prepass`: Q^ folded in registers, K^ / V^ anchors) and the fold kernels of `attention_fwd_fp8`.
 
 Exposes `FOLD_TOP`, `NO_ANCHOR`, `finite_abs`, `anchor_of`, `anchor_or_zero`, `fold_values`,
-`e4m3_bytes`, `key_slot`, `pow2_bits` and `score_factor`. Imports only `cast`, so `prepass` can use them without
+`e4m3_bytes`, `key_slot`, `in_key_slots`, `pow2_bits` and `score_factor`. Imports only `cast`, so `prepass` can use them without
 importing the attention kernels.
 """
 
@@ -68,6 +68,19 @@ def key_slot(n):
     (`attention_fwd_hopper_fp8._key_slots`); the `tl` kernel's V^ keeps the keys' order (a gather
     through key_slot made its loads 8x slower on the H200)."""
     return (n & -32) | (n & 17) | (((n >> 3) & 1) << 1) | (((n >> 1) & 3) << 2)
+
+
+@triton.jit
+def in_key_slots(f):
+    """f [R, C] (keys last, C a multiple of 32) with each block of 32 keys in `key_slot` order: the
+    value of key n at column key_slot(n). key_slot swaps the bit fields (i0) and (t1 t0) of n % 32, so
+    it is a reshape, one permute and a reshape: the caller then stores whole rows of contiguous
+    bytes (a store through key_slot's addresses wrote one byte per instruction: the V^ folds ran 4x
+    slower than the K^ ones on the H200, benchmarks/results/fp8_operands_parts_h200.json)."""
+    R: tl.constexpr = f.shape[0]
+    C: tl.constexpr = f.shape[1]
+    f = tl.reshape(f, [R, C // 32, 2, 2, 4, 2])  # (row, block, i1, i0, t1 t0, e)
+    return tl.reshape(tl.permute(f, [0, 1, 2, 4, 3, 5]), [R, C])
 
 
 @triton.jit

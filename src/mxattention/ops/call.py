@@ -147,29 +147,27 @@ def routed(
     decision: torch.Tensor | None,
     site: int = route.THREAD_SITE,
     step: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The body of `routed_sdpa` (see there), which a plain eager call (`plain_eager`) runs without
-    the op's dispatch."""
+    the op's dispatch: (O, lse), lse whatever the call computed (None for torch's SDPA without
+    `return_lse`); the op returns the empty placeholder where `return_lse` is false, a plain call
+    skips that allocation (~2 us of host)."""
     r = route._routers.get(router) or route.lookup(router)  # lookup raises for a router that is gone
     d = r.decide(query.shape[-2], key.shape[-2], attn_mask, site, step) if decision is None else int(decision)
-    no_lse = query.new_empty((0,), dtype=torch.float32)
     route._local.busy = True  # SDPA calls made while computing go to the function a patch replaced
     try:
         if d == route.QUANTIZED:
-            out, lse = dense(query, key, value, attn_mask, is_causal, scale, r.method_key)
-        elif d == route.HIGH_METHOD:
+            return dense(query, key, value, attn_mask, is_causal, scale, r.method_key)
+        if d == route.HIGH_METHOD:
             method = r.policy.high_precision_method if r.policy is not None else "fp"
-            out, lse = dense(query, key, value, attn_mask, is_causal, scale, method_key(method))
-        elif not return_lse:
-            return r.native(query, key, value, attn_mask, is_causal, scale, enable_gqa).contiguous(), no_lse
-        else:  # native with its log-sum-exp: torch's flash op where one serves the call, else "fp"
-            pair = route.torch_attention_with_lse(query, key, value, attn_mask, is_causal, scale)
-            out, lse = (
-                pair if pair is not None else dense(query, key, value, attn_mask, is_causal, scale, "fp")
-            )
+            return dense(query, key, value, attn_mask, is_causal, scale, method_key(method))
+        if not return_lse:
+            return r.native(query, key, value, attn_mask, is_causal, scale, enable_gqa), None
+        # native with its log-sum-exp: torch's flash op where one serves the call, else "fp"
+        pair = route.torch_attention_with_lse(query, key, value, attn_mask, is_causal, scale)
+        return pair if pair is not None else dense(query, key, value, attn_mask, is_causal, scale, "fp")
     finally:
         route._local.busy = False
-    return out.contiguous(), lse.contiguous() if return_lse else no_lse
 
 
 @torch.library.custom_op("mxattention::routed_sdpa", mutates_args=(), tags=_TAGS)
@@ -190,9 +188,12 @@ def routed_sdpa(
     """One call of the router `router` on checked [B, H, L, D] inputs: `decision` (from
     `route_decide`) or None to decide here, with the policy's `site` and `step` (`Router.where`).
     Returns (O [B, Hq, Lq, Dv], lse [B, Hq, Lq] fp32, or empty without `return_lse`)."""
-    return routed(
+    out, lse = routed(
         query, key, value, attn_mask, is_causal, scale, enable_gqa, return_lse, router, decision, site, step
     )
+    if not return_lse:
+        lse = query.new_empty((0,), dtype=torch.float32)
+    return out.contiguous(), lse.contiguous()
 
 
 @routed_sdpa.register_fake

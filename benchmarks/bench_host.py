@@ -5,8 +5,8 @@ returns; the GPU is idle before it, so nothing waits on a full queue), the time 
 `torch.cuda.synchronize()` (what a caller that waits for each call sees), and the GPU time (events).
 Paths: torch SDPA with cuDNN, `mxattention.scaled_dot_product_attention`, the diffusers backend
 (`register_diffusers_backend`, through diffusers' `dispatch_attention_fn`) where diffusers imports.
-With `--profile`, the cProfile of `--profile-calls` public calls at each shape (top functions by
-cumulative time) is written too. Writes <out>/<name>.json and <out>/<name>.md.
+With `--profile`, the cProfiles of `--profile-calls` calls of the public entry and of the diffusers
+backend at each shape (top functions by own time) are written too. Writes <out>/<name>.json and <out>/<name>.md.
 
     python benchmarks/bench_host.py --shapes all --out benchmarks/results
 """
@@ -50,20 +50,24 @@ def _host_ms(fn, reps: int) -> tuple[float, float, float]:
     return statistics.median(host), statistics.median(sync), statistics.median(gpu)
 
 
-def _host_b2b_ms(fn, reps: int, calls: int = 8) -> float:
-    """Median host ms per call of `calls` calls enqueued back to back after a synchronize (the GPU
-    busy with the earlier ones, the CPU never waiting on it: how a model's loop enqueues them). The
+def _host_b2b_ms(paths: dict, rounds: int, calls: int = 8) -> dict[str, float]:
+    """name -> median host ms per call of `calls` calls enqueued back to back after a synchronize
+    (the GPU busy with the earlier ones, the CPU never waiting on it: how a model's loop enqueues
+    them), the paths taking turns round by round so that the host's drifts (clock, other tenants)
+    reach them alike (the fourth session's 2 rounds per path, one path after the other, put 16-85 us
+    between the public entry and the diffusers backend where their Python differs by ~16 us). The
     `host_ms` column times one call after the CPU slept in a synchronize, which on the H200's host
     inflated long shapes' times for cuDNN and mxattention alike (0.1-0.6 ms, benchmarks/NOTES.md)."""
-    per_call = []
-    for _ in range(max(1, reps // calls)):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per_call.append((time.perf_counter() - t0) * 1e3 / calls)
+    per_call: dict[str, list[float]] = {name: [] for name in paths}
+    for _ in range(rounds):
+        for name, fn in paths.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            per_call[name].append((time.perf_counter() - t0) * 1e3 / calls)
     torch.cuda.synchronize()
-    return statistics.median(per_call)
+    return {name: statistics.median(v) for name, v in per_call.items()}
 
 
 def _host_busy_ms(fn, reps: int, cycles: int = 20_000_000) -> float:
@@ -126,38 +130,45 @@ def run(args: argparse.Namespace) -> dict:
             paths["diffusers_backend"] = lambda qd=qd, kd=kd, vd=vd: diff(qd, kd, vd)
         if args.breakdown:
             paths.update(_breakdown(q, k, v, args.method))
+        timed = {}
         for name, fn in paths.items():
             for _ in range(3):
                 fn()
-            host, sync, gpu = _host_ms(fn, args.reps)
-            b2b = _host_b2b_ms(fn, args.reps)
-            busy = _host_busy_ms(fn, args.reps)
+            timed[name] = (*_host_ms(fn, args.reps), _host_busy_ms(fn, args.reps))
+        # Rounds of 8 calls per path, fewer where the GPU time would pass ~30 s a shape (75k: 3).
+        slowest = max(t[2] for t in timed.values())
+        rounds = max(3, min(args.b2b_rounds, int(30e3 / (slowest * 8 * len(paths)))))
+        b2b = _host_b2b_ms(paths, rounds)
+        for name, (host, sync, gpu, busy) in timed.items():
             rows.append(
                 {
                     "shape": label,
                     "path": name,
                     "host_ms": host,
-                    "host_b2b_ms": b2b,
+                    "host_b2b_ms": b2b[name],
+                    "b2b_rounds": rounds,
                     "host_busy_ms": busy,
                     "sync_ms": sync,
                     "gpu_ms": gpu,
                 }
             )
             print(
-                f"{label:14s} {name:18s} host {host:7.3f} ms  b2b {b2b:7.3f} ms  busy {busy:7.3f} ms  sync {sync:8.3f} ms  gpu {gpu:8.3f} ms"
+                f"{label:14s} {name:18s} host {host:7.3f} ms  b2b {b2b[name]:7.3f} ms  busy {busy:7.3f} ms  sync {sync:8.3f} ms  gpu {gpu:8.3f} ms"
             )
-        if args.profile:
-            pr = cProfile.Profile()
-            fn = paths["mxattention"]
-            torch.cuda.synchronize()
-            pr.enable()
-            for _ in range(args.profile_calls):
-                fn()
-            pr.disable()
-            torch.cuda.synchronize()
-            buf = io.StringIO()
-            pstats.Stats(pr, stream=buf).sort_stats("cumulative").print_stats(45)
-            profiles[label] = buf.getvalue()
+        if args.profile:  # the public entry's and the diffusers backend's, by own time
+            for name in ("mxattention", "diffusers_backend"):
+                if name not in paths:
+                    continue
+                pr = cProfile.Profile()
+                torch.cuda.synchronize()
+                pr.enable()
+                for _ in range(args.profile_calls):
+                    paths[name]()
+                pr.disable()
+                torch.cuda.synchronize()
+                buf = io.StringIO()
+                pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(30)
+                profiles[f"{label} {name}"] = buf.getvalue()
         del q, k, v
         torch.cuda.empty_cache()
     return {"rows": rows, "profiles": profiles, "diffusers_error": diff_error}
@@ -228,17 +239,19 @@ def markdown(report: dict) -> str:
         "- B = 1, non-causal, bf16; host = the Python call until it returns (GPU idle before it); "
         "sync = call + torch.cuda.synchronize(); gpu = CUDA events around the call; medians of "
         f"{meta['reps']} calls after 3 warm-up calls; method `{meta['method']}`; host b2b = host time per "
-        "call of 8 calls enqueued back to back (the CPU never waiting on the GPU); host busy = one call "
+        "call of 8 calls enqueued back to back (the CPU never waiting on the GPU), median of the rounds "
+        "(b2b rounds column) in which the paths take turns; host busy = one call "
         "enqueued while the GPU runs a ~10 ms `torch.cuda._sleep` (the CPU's wake-up paid before it)",
         "",
-        "| shape | path | host ms | host b2b ms | host busy ms | sync ms | gpu ms | sync vs cuDNN's sync |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| shape | path | host ms | host b2b ms | b2b rounds | host busy ms | sync ms | gpu ms | sync vs cuDNN's sync |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     cudnn = {r["shape"]: r["sync_ms"] for r in report["rows"] if r["path"] == "sdpa_cudnn"}
     for r in report["rows"]:
         ratio = cudnn[r["shape"]] / r["sync_ms"]
         lines.append(
             f"| {r['shape']} | {r['path']} | {r['host_ms']:.3f} | {r.get('host_b2b_ms', float('nan')):.3f} "
+            f"| {r.get('b2b_rounds', '')} "
             f"| {r.get('host_busy_ms', float('nan')):.3f} "
             f"| {r['sync_ms']:.3f} | {r['gpu_ms']:.3f} | {ratio:.2f}x |"
         )
@@ -252,8 +265,15 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help="comma-separated labels or 'all'")
     ap.add_argument("--method", default="mxattention", help="preset timed through mxattention")
     ap.add_argument("--reps", type=int, default=30, help="timed calls per path and shape")
+    ap.add_argument(
+        "--b2b-rounds", type=int, default=24, help="rounds of 8 back-to-back calls per path (host b2b)"
+    )
     ap.add_argument("--breakdown", action="store_true", help="also time the pieces of the public call")
-    ap.add_argument("--profile", action="store_true", help="also write a cProfile of the public call")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="also write cProfiles of the public call and the diffusers backend",
+    )
     ap.add_argument("--profile-calls", type=int, default=20, help="calls per profile")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="output folder")
     ap.add_argument("--name", default="host_h200", help="output file stem")

@@ -179,18 +179,3 @@ def test_p_tile_rounds_p_as_the_reference_with_the_block_scale_floor(device):
     assert torch.equal(r3.to(torch.float8_e4m3fn).float(), r3)
     floor_decides = fake_quantize(p3 / 256, -1, rule=FAST.p.rule, elem=FAST.p.elem) * 256 != want
     assert floor_decides.sum() > 100  # the case is one the floor decides
-
-
-def test_both_operand_makers_give_the_same_call(monkeypatch, device):
-    """The plan's two operand makers (`plan.FP8_PACKED_MAX_KEYS`: packed passes, or the bf16 pre-pass
-    and the fold passes) give the same bytes, so the same call bit for bit."""
-    from mxattention.kernels import plan as plan_mod
-    from mxattention.kernels.fused import fused_attention
-
-    q, k, v = (x.to(device) for x in qkv(1, 2, 1, 40, 150, 64, seed=9))
-    packed = fused_attention(q, k, v, FAST, scale=0.125)
-    monkeypatch.setattr(plan_mod, "FP8_PACKED_MAX_KEYS", 0)
-    p = plan_call(FAST, q, k, v, scale=0.125)
-    assert p.chunks[0].k_pass.out == "bf16"
-    bf16 = fused_attention(q, k, v, FAST, scale=0.125, plan=p)
-    assert torch.equal(packed.out, bf16.out) and torch.equal(packed.lse, bf16.lse)

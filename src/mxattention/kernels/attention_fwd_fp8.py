@@ -521,8 +521,9 @@ def fp8_operands_via_bf16(
     passes: tuple = (None, None, None),
 ):
     """`fp8_operands` of the exact pre-pass's bf16 Q^, K^, V^ of query [B, Hq, Lq, D], key
-    [B, Hkv, Lk, D], value [B, Hkv, Lk, Dv]: the plan's maker at long keys (`plan.FP8_PACKED_MAX_KEYS`),
-    the same bytes as `fp8_operands_from_inputs`, whose arguments it takes. `passes`: the (Q^, K^,
+    [B, Hkv, Lk, D], value [B, Hkv, Lk, Dv]: the same bytes as `fp8_operands_from_inputs`, whose
+    arguments it takes, from 25 launches instead of 6: the reference that maker is tested against
+    (tests/kernels/test_fold8.py) and the benchmarks' baseline; the plan does not choose it. `passes`: the (Q^, K^,
     V^) bf16 `prepass.PassPlan`s, or None (planned by the pre-pass)."""
     from mxattention.kernels.prepass import prepass_qk, prepass_v
 
@@ -702,16 +703,11 @@ def run_chunk_fp8(plan, chunk, query, key, value, out, lse, dbg, mask, is_causal
     (b0, b1), (h0, h1) = chunk.batches, chunk.kv_heads
     bs, kv, qh = slice(b0, b1), slice(h0, h1), slice(h0 * group, h1 * group)
     lm, ln = max(plan.block_m, 128), max(plan.block_n, 128)
-    # The operand maker the plan chose by its passes (`plan.FP8_PACKED_MAX_KEYS`): the packed fast-mode
-    # passes, or the bf16 pre-pass and the fold passes; a plan made with other passes (written by
-    # hand, e.g. in a benchmark) gets the packed ones planned here.
-    planned = (chunk.q_pass, chunk.k_pass, chunk.v_pass)
-    if chunk.k_pass.out == "bf16":
-        maker, passes = fp8_operands_via_bf16, planned
-    else:
-        fast_outs = (*FOLD_OUTS.values(), V_ANCHORED_OUT)
-        maker, passes = fp8_operands_from_inputs, tuple(p if p.out in fast_outs else None for p in planned)
-    ops = maker(
+    # The fast mode's packed passes as the plan made them; a plan made with other passes (written by
+    # hand, e.g. in a benchmark) gets them planned here.
+    fast_outs = (*FOLD_OUTS.values(), V_ANCHORED_OUT)
+    passes = tuple(p if p.out in fast_outs else None for p in (chunk.q_pass, chunk.k_pass, chunk.v_pass))
+    ops = fp8_operands_from_inputs(
         query[bs, qh], key[bs, kv], value[bs, kv], plan.rules, hadamard=plan.hadamard, scale=plan.scale,
         q_len_multiple=lm, k_len_multiple=ln, slots=plan.fwd_kernel == "gluon", passes=passes,
     )  # fmt: skip

@@ -485,14 +485,6 @@ def gluon_fp8_fwd_spec(
     return FwdSpec(FwdKernel.GLUON, tuple(constexprs.items()), fast.NUM_WARPS)
 
 
-# The fast mode's operands (docs/fast_mode.md): up to this many (padded) keys the packed passes of
-# `attention_fwd_fp8.fp8_operands_from_inputs` (Q^ folded in its pass, K^ / V^ packed, then folded),
-# beyond it the bf16 pre-pass and `fp8_operands`' fold passes. H200, 2026-12-04
-# (benchmarks/results/fp8_variants_h200_l_rounded.json): packed 0.47 ms against 0.67 at 512 keys
-# (40 x 32760 queries), 1.84 against 1.04 at 16384 and 2.14 against 1.23 at 32768 (same bytes).
-# Between 512 and 16384 keys not measured: the limit is a guess between the two.
-FP8_PACKED_MAX_KEYS = 4096
-
 # Q smoothing's Q^ pass is the Gluon one (`prepass_hopper`: each tile subtracts its block's mean row)
 # only for calls of at most this many head / batch chunks, as measured on the H200 (benchmarks/NOTES.md,
 # v14-smooth, two alternating rounds): one chunk (40 heads x 75600 queries, 512 keys) -2.4 % per call
@@ -796,14 +788,11 @@ def plan_call(
     if cfg.mma != "fp8":
         q_kw = dict(out_bf16=False, smoothed=blk > 0, gluon=gluon_q)
         k_kw, v_kw = dict(out_bf16=wide, smoothed=False), dict(out_bf16=wide, elem=cfg.v.elem)
-    elif lkp > FP8_PACKED_MAX_KEYS:
-        # The fast mode's operands from the bf16 pre-pass and the fold passes
-        # (`attention_fwd_fp8.fp8_operands_via_bf16`): faster than the packed passes at long keys.
-        q_kw = k_kw = dict(out_bf16=True, smoothed=False)
-        v_kw = dict(out_bf16=True, elem="e2m1")
     else:
         # The fast mode's own passes (`attention_fwd_fp8.fp8_operands_from_inputs`): Q^ folded in its
-        # pass, K^ / V^ packed with their anchors (dense, unsmoothed: `fp8_reason`).
+        # pass, K^ / V^ packed with their anchors (dense, unsmoothed: `fp8_reason`). Faster than the
+        # bf16 pre-pass and fold passes at every benchmark shape on the H200 (0.67 / 0.78 / 0.44 ms
+        # against 0.99 / 1.28 / 1.16 at 16k / 32k / 512 keys, results/fp8_operands_parts_h200.json).
         q_kw = dict(out_bf16=False, smoothed=False, fold="q")
         k_kw = dict(out_bf16=False, smoothed=False, fold="k")
         v_kw = dict(out_bf16=False, elem="e2m1", anchors=True)

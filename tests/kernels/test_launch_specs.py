@@ -223,12 +223,24 @@ class _FakeJit:
 
         self.params = [types.SimpleNamespace(name=n) for n in sig.parameters]
         self.device_caches = {0: ({}, {}, None, None, binder)}
-        self.jit_launches, self.direct = [], []
+        self.jit_launches, self.direct, self.hooked = [], [], []
         fake = self
 
         class Compiled:
-            def __getitem__(self, grid):
-                return lambda *values: fake.direct.append((grid, values))
+            function, packed_metadata = "function", "metadata"
+
+            def __getitem__(self, grid):  # Triton's runner: the way a launch hook sees the launch
+                return lambda *values, stream=None: fake.hooked.append((grid, values, stream))
+
+            def run(self, gx, gy, gz, stream, function, packed, metadata, enter, leave, *values):
+                assert (function, packed, metadata, enter, leave) == (
+                    "function",
+                    "metadata",
+                    None,
+                    None,
+                    None,
+                )
+                fake.direct.append(((gx, gy, gz), values))
 
         self.compiled = Compiled()
 
@@ -251,7 +263,9 @@ def test_a_cached_slot_launches_its_compiled_kernel_directly(monkeypatch):
 
     from mxattention.kernels import launch
 
-    monkeypatch.setattr(driver, "_active", types.SimpleNamespace(get_current_device=lambda: 0))
+    monkeypatch.setattr(
+        driver, "_active", types.SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda d: 5)
+    )
     enabled = launch.direct_launch_enabled
     k, table = _FakeJit(), {}
     x1, x2 = torch.zeros(2), torch.ones(2)
@@ -260,6 +274,16 @@ def test_a_cached_slot_launches_its_compiled_kernel_directly(monkeypatch):
     launch.launch(k, (3, 2), (x1, 7), kw, (table, "q"))
     launch.launch(k, (3, 2), (x2, 7), kw, (table, "q"))
     assert len(k.jit_launches) == 1 and k.direct == [((3, 2, 1), (x2, 7, None, 32, False))]
+    # With a launch hook installed (a profiler's), the runner, which hands Triton's hooks the launch.
+    from triton import knobs
+
+    chain = types.SimpleNamespace(calls=[print])
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", chain)
+    launch.launch(k, (3, 2), (x1, 7), kw, (table, "q"))
+    assert k.hooked == [((3, 2, 1), (x1, 7, None, 32, False), None)] and len(k.direct) == 1
+    chain.calls = []  # an empty hook chain: direct again
+    launch.launch(k, (3, 2), (x1, 7), kw, (table, "q"))
+    assert len(k.direct) == 2 and len(k.hooked) == 1
     launch.launch(k, (3, 2), (x2, 7), kw, None)  # no slot
     launch.launch(k, (3, 2), (x1, 7), dict(kw, Y=x1), (table, "k"))  # a tensor by keyword
     launch.launch(k, (3, 2), (x1, 7), dict(kw, Y=x1), (table, "k"))
@@ -269,7 +293,7 @@ def test_a_cached_slot_launches_its_compiled_kernel_directly(monkeypatch):
     monkeypatch.setenv(launch.DIRECT_LAUNCH_ENV, "0")
     launch.launch(k, (3, 2), (x1, 7), kw, (table, "v"))
     launch.launch(k, (3, 2), (x1, 7), kw, (table, "v"))
-    assert len(k.jit_launches) == 6 and len(k.direct) == 1
+    assert len(k.jit_launches) == 6 and len(k.direct) == 2
 
 
 @interpreted_only

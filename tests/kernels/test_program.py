@@ -257,6 +257,35 @@ def test_gpu_replay_equals_the_normal_path(monkeypatch, shapes, kw):
     _record_then_replay(monkeypatch, inputs(0, 0), inputs(20, 16), **kw)
 
 
+@CUDA
+def test_gpu_replay_launches_through_tritons_hooks_when_one_is_installed(monkeypatch):
+    """The direct runners skip Triton's launch metadata only while no launch hook is installed: with
+    one (a profiler's), each of a replay's 4 launches reaches it, and the result is the same."""
+    from triton import knobs
+
+    chain = knobs.runtime.launch_enter_hook
+    if not hasattr(chain, "add"):
+        pytest.skip("this Triton's launch hooks are not hook chains")
+    monkeypatch.setenv(CPU_KERNELS_ENV, "0")
+    q, k, v = (_hostile((1, 4, 300, 128), BF16, i).cuda() for i in range(3))
+    first = mxattention.scaled_dot_product_attention(q, k, v)
+    plain = mxattention.scaled_dot_product_attention(q, k, v)  # a replay
+    assert isinstance(_only_program(), program.CallProgram)
+    seen = []
+
+    def hook(metadata) -> None:
+        seen.append(metadata)
+
+    chain.add(hook)
+    try:
+        hooked = mxattention.scaled_dot_product_attention(q, k, v)
+        torch.cuda.synchronize()
+    finally:
+        chain.remove(hook)
+    assert len(seen) == 4
+    assert torch.equal(first, plain) and torch.equal(plain, hooked)
+
+
 @INTERPRETED
 def test_direct_steps_pass_the_addresses_of_the_rebuilt_views(monkeypatch):
     """The GPU's replay (integer addresses through the slots' direct runners) on the CPU, with a
@@ -270,7 +299,7 @@ def test_direct_steps_pass_the_addresses_of_the_rebuilt_views(monkeypatch):
         got = fused._run_dense(plan, q, k, v, mask=None, is_causal=False)
     calls = []
     for launch in rec.launches:
-        launch.runner = lambda args, calls=calls: calls.append(list(args))
+        launch.runner = lambda args, stream, calls=calls: calls.append(list(args))
     direct = program._build(rec.launches, rec._watch.allocs, [q, k, v, None], [got.out, got.lse], True)
     roots = [_hostile((1, 2, 150, 64), BF16, 7 + i) for i in range(3)] + [None]
     bases = direct.bases(roots)

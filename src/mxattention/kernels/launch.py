@@ -1,11 +1,13 @@
 """Launching a planned kernel: through Triton's JIT once, then the compiled kernel directly.
 
-Exposes `launch(kernel, grid, args, kwargs, slot)` and `DIRECT_LAUNCH_ENV`. A `slot` is (the launch
+Exposes `launch(kernel, grid, args, kwargs, slot)`, `current_stream` and `DIRECT_LAUNCH_ENV`. A `slot` is (the launch
 table of a cached plan, `KernelPlan.launches`; a key naming the launch in that plan): the first
 launch of a slot goes through `kernel[grid](*args, **kwargs)` (argument binding, specialization,
 the compile cache, the launch), which returns the compiled kernel; later launches of that slot call
 the compiled kernel's launcher with the same argument layout, skipping the binding (tens of
-microseconds per launch on the H200's host, `benchmarks/results/host_h200.md`). That is sound
+microseconds per launch on the H200's host, `benchmarks/results/host_h200.md`), and, while no
+Triton launch hook is installed, the runner's per-launch device / stream lookup and launch metadata
+(a call program looks the stream up once per call: `current_stream`). That is sound
 because a cached plan is keyed by everything Triton specializes on (`plan.plan_key`: dtypes,
 shapes, strides and 16-byte alignment of the operands, so every derived length, stride and buffer
 alignment is the same in every call of the slot), and each slot's grid and constexprs are fixed
@@ -87,11 +89,41 @@ def _runner(kernel, compiled, grid: tuple, args: tuple, kwargs: dict):
         tail = tuple(bound[n] for n in names[len(args) :])
         if any(hasattr(t, "data_ptr") for t in tail):  # a tensor by keyword would be frozen in
             return _UNAVAILABLE
-        run = compiled[tuple(grid) + (1,) * (3 - len(grid))]
+        grid3 = tuple(grid) + (1,) * (3 - len(grid))
+        run = compiled[grid3]  # `CompiledKernel.__getitem__` (initializes the handles)
+        launcher, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+        from triton import knobs
+
+        hooks = knobs.runtime
     except Exception:  # another Triton's internals: the normal launch stays correct
         return _UNAVAILABLE
 
-    def direct(call_args: tuple) -> None:
-        run(*call_args, *tail)
+    def direct(call_args: tuple, stream: int | None = None) -> None:
+        """Launch with the positional arguments `call_args` on `stream` (a raw CUDA stream; None: the
+        current one). What `CompiledKernel.__getitem__`'s runner does, less its per-launch work that
+        a cached slot does not need: the device and stream looked up once per call by the caller (a
+        call program), and no launch metadata while no launch hook is installed (Triton 3.6 builds a
+        dict per launch and calls its empty hook chains from C; a profiler's hook still gets the
+        normal runner)."""
+        enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
+        if _hooked(enter) or _hooked(leave):
+            run(*call_args, *tail, stream=stream)
+            return
+        if stream is None:
+            stream = current_stream()
+        launcher(*grid3, stream, function, packed, None, None, None, *call_args, *tail)
 
     return direct
+
+
+def _hooked(hook) -> bool:
+    """Whether a Triton launch hook is installed: a function, or a hook chain with calls (3.6+)."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def current_stream() -> int:
+    """The raw CUDA stream Triton launches on now: the current device's current stream."""
+    from triton.runtime.driver import driver  # imported here: launch.py loads without Triton
+
+    active = driver.active
+    return active.get_current_stream(active.get_current_device())

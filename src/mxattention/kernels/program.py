@@ -292,7 +292,7 @@ class CallProgram:
     def _compile(self, rec: _Launch, template: tuple, holes: tuple) -> Callable[[list, list], None]:
         if not self.direct:
 
-            def jit_step(bases: list, ptrs: list) -> None:
+            def jit_step(bases: list, ptrs: list, stream: int | None) -> None:
                 args = list(template)
                 for pos, h in holes:
                     if isinstance(h, _DescHole):
@@ -308,13 +308,13 @@ class CallProgram:
             (pos, h.place.base, h.place.offset, _desc_type(h)) for pos, h in holes if isinstance(h, _DescHole)
         )
 
-        def direct_step(bases: list, ptrs: list) -> None:
+        def direct_step(bases: list, ptrs: list, stream: int | None) -> None:
             args = list(template)
             for pos, b, off in plain:
                 args[pos] = ptrs[b] + off
             for pos, b, off, desc in descs:
                 args[pos] = desc(_Ptr(ptrs[b] + off))
-            run(args)
+            run(args, stream)
 
         return direct_step
 
@@ -333,8 +333,10 @@ class CallProgram:
     def launch(self, bases: list[torch.Tensor | None]) -> None:
         """Make the recorded launches on `bases` (`bases`)."""
         ptrs = [0 if b is None else b.data_ptr() for b in bases] if self.direct else []
+        # One stream lookup per call, not one per launch (`launch._runner`).
+        stream = _launch.current_stream() if self.direct and bases[0].device.type == "cuda" else None
         for step in self.steps:
-            step(bases, ptrs)
+            step(bases, ptrs, stream)
 
     def run(self, roots: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
         """Make the launches for `roots` (the inputs, in the recorded order); returns [O, lse]."""

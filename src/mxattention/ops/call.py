@@ -162,7 +162,7 @@ def routed(
             method = r.policy.high_precision_method if r.policy is not None else "fp"
             return dense(query, key, value, attn_mask, is_causal, scale, method_key(method))
         if not return_lse:
-            return r.native(query, key, value, attn_mask, is_causal, scale, enable_gqa), None
+            return r.native(query, key, value, attn_mask, is_causal, scale, enable_gqa).contiguous(), None
         # native with its log-sum-exp: torch's flash op where one serves the call, else "fp"
         pair = route.torch_attention_with_lse(query, key, value, attn_mask, is_causal, scale)
         return pair if pair is not None else dense(query, key, value, attn_mask, is_causal, scale, "fp")

@@ -15,12 +15,14 @@ else
 fi
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-timeout "${TEST_TIMEOUT_S:-300}" python3 -m pytest -q -rfE -p no:cacheprovider -n "${WORKERS:-12}" \
+# -v: each test's outcome is in the log as it ends, so a run its timeout cuts still names its failures
+# (a -q run cut before its summary left only dots: benchmarks/results/gpu_tests_h200.md, 2026-12-04).
+timeout "${TEST_TIMEOUT_S:-420}" python3 -m pytest -v -rfE -p no:cacheprovider -n "${WORKERS:-12}" \
   tests/kernels/test_attention_fwd_hopper.py tests/kernels/test_gpu.py tests/kernels/test_chunk_streams.py \
   tests/kernels/test_dispatch.py tests/kernels/test_prepass_hopper.py tests/kernels/test_plan.py \
   tests/kernels/test_plan_cache.py tests/kernels/test_smoothing.py tests/kernels/test_varlen_kernel.py \
   tests/kernels/test_launch_specs.py tests/kernels/test_attention_fwd_fp8.py tests/ops \
   tests/attention/test_smoothing.py tests/attention/test_empty_inputs.py tests/integrations/test_zero_size.py \
   tests/integrations/test_xdit.py tests/kernels/test_program.py tests/kernels/test_attention_fwd_fp8_gluon.py \
-  tests/kernels/test_fold8.py 2>&1 | tee "$out/gpu_tests.log" | tail -15
+  tests/kernels/test_fold8.py 2>&1 | tee "$out/gpu_tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -30
 python3 benchmarks/bench_host.py --shapes all ${BREAKDOWN:+--breakdown} --reps "${REPS:-30}" --out "$out" --name host_h200 2>&1 | tail -40

@@ -299,14 +299,16 @@ def test_direct_steps_pass_the_addresses_of_the_rebuilt_views(monkeypatch):
         got = fused._run_dense(plan, q, k, v, mask=None, is_causal=False)
     calls = []
     for launch in rec.launches:
-        launch.runner = lambda args, stream, calls=calls: calls.append(list(args))
+        launch.runner = lambda args, stream, calls=calls: calls.append((list(args), stream))
+    # The GPU's current stream, looked up once per call (a CPU machine has no CUDA stream).
+    monkeypatch.setattr(program._launch, "current_stream", lambda: 77)
     direct = program._build(rec.launches, rec._watch.allocs, [q, k, v, None], [got.out, got.lse], True)
     roots = [_hostile((1, 2, 150, 64), BF16, 7 + i) for i in range(3)] + [None]
     bases = direct.bases(roots)
     direct.launch(bases)
-    assert len(calls) == len(rec.launches) == 4
+    assert len(calls) == len(rec.launches) == 4 and {stream for _, stream in calls} == {77}
     places = 0
-    for launch, (_, template, holes), args in zip(rec.launches, direct.layout, calls, strict=True):
+    for launch, (_, template, holes), (args, _) in zip(rec.launches, direct.layout, calls, strict=True):
         assert len(args) == len(launch.args)
         held = dict(holes)
         for pos, recorded in enumerate(launch.args):

@@ -334,7 +334,7 @@ class CallProgram:
         """Make the recorded launches on `bases` (`bases`)."""
         ptrs = [0 if b is None else b.data_ptr() for b in bases] if self.direct else []
         # One stream lookup per call, not one per launch (`launch._runner`).
-        stream = _launch.current_stream() if self.direct and bases[0].device.type == "cuda" else None
+        stream = _launch.current_stream() if self.direct else None
         for step in self.steps:
             step(bases, ptrs, stream)
 

@@ -64,15 +64,15 @@ from typing import Any
 
 import torch
 from diffusers.models import attention_dispatch as _ad
-from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from mxattention.attention.config import PRESETS, AttentionConfig, get_method
 from mxattention.attention.inputs import sdpa_problem
 from mxattention.integrations._support import NamedBackend, add_enum_member, check_policy, original_sdpa
 from mxattention.integrations.policy import PrecisionPolicy
-from mxattention.ops.call import routed, routed_sdpa, varlen_op
+from mxattention.ops.call import routed, routed_replay, routed_sdpa, varlen_op
 from mxattention.ops.entry import scaled_dot_product_attention as mx_sdpa
 from mxattention.ops.errors import InferenceOnlyError, inference_only_message
+from mxattention.ops.memo import signature
 from mxattention.ops.route import (
     THREAD_SITE,
     check_options,
@@ -295,6 +295,18 @@ def _backend_fn(name: str) -> Any:
         # `_key_mask` written out: each call on the way to the launch costs host time (tests/ops).
         if mask is not None and mask.ndim == 2 and mask.shape == (b, sk):  # [B, Sk] as [B, 1, 1, Sk]
             mask = mask[:, None, None, :]
+        decision, sig = None, None
+        if _parallel_config is None and not reg.varlen:
+            # A call like one the kernels served before: decided, counted and replayed in diffusers'
+            # layout (`ops.memo`: the program needs only the addresses, which the permuted views share).
+            sig = signature(reg.token, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+            decision, pair = routed_replay(
+                reg.token, sig, (query, key, value, mask), query.shape[1], sk, mask
+            )
+            if pair is not None:
+                out, lse = pair
+                out = out.permute(0, 2, 1, 3)
+                return (out, lse.permute(0, 2, 1)) if return_lse else out
         if _parallel_config is not None:  # the varlen backend is registered without context parallelism
             return _context_parallel(
                 reg,
@@ -329,18 +341,27 @@ def _backend_fn(name: str) -> Any:
                 query, key, value, None, None, -1, -1, is_causal, scale_, reg.method_key, mask, reg.token
             )
             return (out, lse) if return_lse else out
-        # `reg.where()` and `ops.call.plain_eager` written out for the eager path, as the mask above:
-        # a plain eager call runs the op's body without its dispatch.
-        if torch.compiler.is_compiling():
-            call, (site, step) = routed_sdpa, reg.where()
-        else:
-            grad = torch.is_grad_enabled()
-            plain = _current_dispatch_mode() is None and all(
-                t is None or (type(t) is torch.Tensor and not (grad and t.requires_grad))
-                for t in (q, k, v, mask)
+        if sig is not None:  # a plain eager call (`memo.signature`): the op's body without its dispatch
+            out, lse = routed(
+                q,
+                k,
+                v,
+                mask,
+                is_causal,
+                scale_,
+                enable_gqa,
+                return_lse,
+                reg.token,
+                decision,
+                THREAD_SITE,
+                None,
+                sig,
             )
-            call, site, step = routed if plain else routed_sdpa, THREAD_SITE, None
-        out, lse = call(q, k, v, mask, is_causal, scale_, enable_gqa, return_lse, reg.token, None, site, step)
+        else:
+            site, step = reg.where() if torch.compiler.is_compiling() else (THREAD_SITE, None)
+            out, lse = routed_sdpa(
+                q, k, v, mask, is_causal, scale_, enable_gqa, return_lse, reg.token, None, site, step
+            )
         out = out.permute(0, 2, 1, 3)
         return (out, lse.permute(0, 2, 1)) if return_lse else out
 

@@ -881,7 +881,9 @@ def plan_call(
 # ---- The plan cache: one plan per call signature (a plan is frozen data) ----------------------------
 # Dense plans by call signature (`plan_key`): planning costs more host time than the launches of a
 # short call (H200: benchmarks/results/host_h200.md). Bounded: a model has a few dozen signatures.
-_PLANS: dict[tuple, KernelPlan] = {}
+# It also keeps the eager calls' memo (`ops.memo`: a call's own signature -> its plan's program), so
+# both go together.
+_PLANS: dict[tuple, object] = {}
 PLAN_CACHE_SIZE = 256
 
 

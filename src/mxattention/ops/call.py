@@ -44,6 +44,7 @@ from mxattention.kernels.fused_varlen import (
 from mxattention.kernels.plan import cached_plan, kernel_plan
 from mxattention.ops import route
 from mxattention.ops.errors import InferenceOnlyError, inference_only_message, warn_reference_once
+from mxattention.ops.memo import program, remember, replay
 
 _TAGS = (torch.Tag.cudagraph_unsafe,)
 
@@ -67,9 +68,11 @@ def dense(
     is_causal: bool,
     scale: float | None,
     method: str,
+    memo: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(O [B, Hq, Lq, Dv] in query's dtype, lse [B, Hq, Lq] fp32) of checked [B, H, L, D] arguments:
-    the fused kernels where the plan serves the call, else the reference. `scale` None: 1/sqrt(D)."""
+    the fused kernels where the plan serves the call, else the reference. `scale` None: 1/sqrt(D).
+    `memo`: the call's `memo.signature`, given the plan's program once it has one."""
     b, hq, lq, d = query.shape
     if scale is None:  # torch's 1/sqrt(D); with D = 0 every score is 0 under any scale
         scale = 1.0 / math.sqrt(d) if d else 1.0
@@ -82,6 +85,8 @@ def dense(
         warn_reference_once(plan.reason)
         return checked_sdpa_reference(query, key, value, mask, is_causal, scale, config_from_key(method))
     out, lse, _ = run_plan(plan, query, key, value, mask=mask, is_causal=is_causal)
+    if memo is not None:
+        remember(memo, plan.launches)
     return out, lse
 
 
@@ -147,17 +152,18 @@ def routed(
     decision: torch.Tensor | None,
     site: int = route.THREAD_SITE,
     step: torch.Tensor | None = None,
+    memo: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The body of `routed_sdpa` (see there), which a plain eager call (`plain_eager`) runs without
     the op's dispatch: (O, lse), lse whatever the call computed (None for torch's SDPA without
     `return_lse`); the op returns the empty placeholder where `return_lse` is false, a plain call
-    skips that allocation (~2 us of host)."""
+    skips that allocation (~2 us of host). `memo`: the call's `memo.signature` (see `dense`)."""
     r = route._routers.get(router) or route.lookup(router)  # lookup raises for a router that is gone
     d = r.decide(query.shape[-2], key.shape[-2], attn_mask, site, step) if decision is None else int(decision)
     route._local.busy = True  # SDPA calls made while computing go to the function a patch replaced
     try:
         if d == route.QUANTIZED:
-            return dense(query, key, value, attn_mask, is_causal, scale, r.method_key)
+            return dense(query, key, value, attn_mask, is_causal, scale, r.method_key, memo)
         if d == route.HIGH_METHOD:
             method = r.policy.high_precision_method if r.policy is not None else "fp"
             return dense(query, key, value, attn_mask, is_causal, scale, method_key(method))
@@ -168,6 +174,28 @@ def routed(
         return pair if pair is not None else dense(query, key, value, attn_mask, is_causal, scale, "fp")
     finally:
         route._local.busy = False
+
+
+def routed_replay(
+    router: str,
+    sig: tuple | None,
+    roots: Sequence[torch.Tensor | None],
+    q_len: int,
+    k_len: int,
+    attn_mask: torch.Tensor | None,
+    site: int = route.THREAD_SITE,
+    step: torch.Tensor | None = None,
+) -> tuple[int | None, tuple[torch.Tensor, torch.Tensor] | None]:
+    """A router's call whose signature `sig` (`memo.signature` of its own arguments) has a program:
+    the decision, made and counted here as `routed` makes it, and where it is QUANTIZED (O, lse) of
+    the program run on `roots` (query, key, value, mask in any layout at the recorded addresses).
+    (None, None) where the memo has no program for `sig`: nothing decided, the caller goes on."""
+    prog = program(sig)
+    if prog is None:
+        return None, None
+    r = route._routers.get(router) or route.lookup(router)
+    d = r.decide(q_len, k_len, attn_mask, site, step)
+    return d, (replay(prog, roots) if d == route.QUANTIZED else None)
 
 
 @torch.library.custom_op("mxattention::routed_sdpa", mutates_args=(), tags=_TAGS)

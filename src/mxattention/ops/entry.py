@@ -18,6 +18,7 @@ from mxattention.attention.inputs import check_scale, check_sdpa
 from mxattention.attention.keys import method_key
 from mxattention.attention.varlen import check_varlen
 from mxattention.ops.call import dense, plain_eager, sdpa_op, varlen_op
+from mxattention.ops.memo import program, replay, signature
 
 
 def scaled_dot_product_attention(
@@ -59,13 +60,21 @@ def scaled_dot_product_attention(
     with `is_causal`, `dropout_p` != 0, an unknown preset), each naming the argument. Inference
     only: a backward pass through the result raises `mxattention.InferenceOnlyError`.
     """
+    # A call like one the kernels served before replays its program (`ops.memo`: no check, no plan).
+    sig = None
+    if type(method) is str:
+        sig = signature(method, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        prog = program(sig)
+        if prog is not None:
+            pair = replay(prog, (query, key, value, attn_mask))
+            return pair if return_lse else pair[0]
     cfg = get_method(method)  # validates a preset name early
     scale_ = check_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     # A preset travels as its name: a plain string constant for torch.compile (torch 2.11's dynamo
     # cannot rebuild a frozen dataclass to call method_key on it).
     key_ = method if isinstance(method, str) else method_key(cfg)
     if plain_eager(query, key, value, attn_mask):  # the op's own body, without the dispatcher
-        out, lse = dense(query, key, value, attn_mask, is_causal, scale_, key_)
+        out, lse = dense(query, key, value, attn_mask, is_causal, scale_, key_, sig)
     else:
         out, lse = sdpa_op(query, key, value, attn_mask, is_causal, scale_, enable_gqa, key_)
     return (out, lse) if return_lse else out

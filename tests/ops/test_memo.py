@@ -46,7 +46,7 @@ def _outcome(fn):
     """(O, lse) of `fn()`, or the exception it raised as (type, message)."""
     try:
         return fn()
-    except Exception as e:  # noqa: BLE001: the outcome compared is the exception itself
+    except Exception as e:  # the outcome compared is the exception itself
         return type(e), str(e)
 
 
@@ -100,7 +100,9 @@ def test_a_call_like_one_served_before_replays_its_program(monkeypatch, counts):
     second[1].view(-1)[7] = float("nan")
     got = mxattention.scaled_dot_product_attention(*second, return_lse=True)
     assert counts == {"checks": 1, "dense": 1, "replays": 1}  # no check, no plan: the program
-    _same(got, _fresh(monkeypatch, lambda: mxattention.scaled_dot_product_attention(*second, return_lse=True)))
+    _same(
+        got, _fresh(monkeypatch, lambda: mxattention.scaled_dot_product_attention(*second, return_lse=True))
+    )
 
 
 def _transposed(t):
@@ -142,7 +144,10 @@ def test_a_call_that_differs_in_its_signature_takes_the_normal_path(monkeypatch,
     qkv = kw.pop("qkv", lambda *t: list(t))(*qkv)
     got = _outcome(lambda: mxattention.scaled_dot_product_attention(*qkv, return_lse=True, **kw))
     assert counts["checks"] == 2 and counts["replays"] == 0
-    _same(got, _fresh(monkeypatch, lambda: mxattention.scaled_dot_product_attention(*qkv, return_lse=True, **kw)))
+    _same(
+        got,
+        _fresh(monkeypatch, lambda: mxattention.scaled_dot_product_attention(*qkv, return_lse=True, **kw)),
+    )
 
 
 def test_the_cpu_kernels_switch_is_read_at_every_call(monkeypatch, counts):

@@ -15,9 +15,10 @@ from mxattention.kernels._triton import HAS_TRITON, kernels_interpreted
 from mxattention.kernels.plan import CPU_KERNELS_ENV
 from mxattention.ops import call, entry
 
-pytestmark = pytest.mark.skipif(
-    not (HAS_TRITON and kernels_interpreted()), reason="CPU tensors' kernels: the interpreter"
-)
+pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="programs replay Triton launches")
+# CPU tensors run the kernels only on Triton's interpreter (on a GPU machine they take the reference).
+INTERPRETED = pytest.mark.skipif(not kernels_interpreted(), reason="CPU tensors' kernels: the interpreter")
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="direct replays need a GPU")
 BF16 = torch.bfloat16
 SHAPE = (1, 2, 40, 32)
 
@@ -93,6 +94,7 @@ def counts(monkeypatch):
     return seen
 
 
+@INTERPRETED
 def test_a_call_like_one_served_before_replays_its_program(monkeypatch, counts):
     mxattention.scaled_dot_product_attention(*_qkv(0))
     assert counts == {"checks": 1, "dense": 1, "replays": 0}
@@ -134,6 +136,7 @@ VARIANTS = {
 }
 
 
+@INTERPRETED
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_a_call_that_differs_in_its_signature_takes_the_normal_path(monkeypatch, counts, variant):
     recorded, other = VARIANTS[variant]
@@ -150,6 +153,7 @@ def test_a_call_that_differs_in_its_signature_takes_the_normal_path(monkeypatch,
     )
 
 
+@INTERPRETED
 def test_the_cpu_kernels_switch_is_read_at_every_call(monkeypatch, counts):
     q, k, v = _qkv(0)
     mxattention.scaled_dot_product_attention(q, k, v)
@@ -159,6 +163,7 @@ def test_the_cpu_kernels_switch_is_read_at_every_call(monkeypatch, counts):
     assert counts["replays"] == 0
 
 
+@INTERPRETED
 def test_tracked_gradients_never_replay(counts):
     q, k, v = _qkv(0)
     mxattention.scaled_dot_product_attention(q, k, v)
@@ -172,6 +177,7 @@ def test_tracked_gradients_never_replay(counts):
     assert counts["checks"] == 2
 
 
+@INTERPRETED
 def test_diffusers_calls_replay_decided_and_counted(monkeypatch, counts):
     """Hits of the diffusers backend are routed by the policy and counted like every call: a call
     the policy keeps in high precision runs it, whatever the memo holds."""
@@ -200,3 +206,32 @@ def test_diffusers_calls_replay_decided_and_counted(monkeypatch, counts):
     assert torch.equal(got, native.transpose(1, 2))
     stats = backend_stats(name)
     assert (stats["routed"], stats["high_precision"]) == (2, 1)
+
+
+@CUDA
+def test_gpu_hits_replay_directly_in_either_layout(monkeypatch, counts):
+    """On the GPU the memo's programs launch directly; the diffusers backend's hits take its
+    [B, S, H, D] tensors as they come (the addresses of the permuted views the plan was made for)."""
+    pytest.importorskip("diffusers")
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    from mxattention.integrations import register_diffusers_backend
+
+    shape = (1, 3, 300, 128)
+    cuda = [[t.cuda() for t in _qkv(s, shape)] for s in (0, 10)]
+    mxattention.scaled_dot_product_attention(*cuda[0])
+    got = mxattention.scaled_dot_product_attention(*cuda[1], return_lse=True)
+    assert (counts["checks"], counts["replays"]) == (1, 1)
+    _same(
+        got, _fresh(monkeypatch, lambda: mxattention.scaled_dot_product_attention(*cuda[1], return_lse=True))
+    )
+    name = register_diffusers_backend("mxattention", name="mxattention_memo_gpu")
+    bshd = [[t.transpose(1, 2).contiguous() for t in qkv] for qkv in cuda]
+    dispatch_attention_fn(*bshd[0], backend=name)
+    replays = counts["replays"]
+    got = dispatch_attention_fn(*bshd[1], backend=name)
+    assert counts["replays"] == replays + 1
+    want = _fresh(
+        monkeypatch, lambda: mxattention.scaled_dot_product_attention(*(t.transpose(1, 2) for t in bshd[1]))
+    )
+    assert torch.equal(got, want.transpose(1, 2))

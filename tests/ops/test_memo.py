@@ -5,6 +5,8 @@ the normal path. Run on Triton's interpreter (CPU tensors through the kernels)."
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -157,10 +159,15 @@ def test_a_call_that_differs_in_its_signature_takes_the_normal_path(monkeypatch,
 def test_the_cpu_kernels_switch_is_read_at_every_call(monkeypatch, counts):
     q, k, v = _qkv(0)
     mxattention.scaled_dot_product_attention(q, k, v)
-    monkeypatch.setenv(CPU_KERNELS_ENV, "0")
-    with pytest.warns(mxattention.ReferenceFallbackWarning):
-        mxattention.scaled_dot_product_attention(q, k, v)
-    assert counts["replays"] == 0
+    monkeypatch.setenv(CPU_KERNELS_ENV, "0")  # CPU tensors: the reference (warned once per process)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mxattention.ReferenceFallbackWarning)
+        got = mxattention.scaled_dot_product_attention(q, k, v, return_lse=True)
+        assert (counts["checks"], counts["replays"]) == (2, 0)
+        _same(
+            got,
+            _fresh(monkeypatch, lambda: mxattention.scaled_dot_product_attention(q, k, v, return_lse=True)),
+        )
 
 
 @INTERPRETED
@@ -235,3 +242,16 @@ def test_gpu_hits_replay_directly_in_either_layout(monkeypatch, counts):
         monkeypatch, lambda: mxattention.scaled_dot_product_attention(*(t.transpose(1, 2) for t in bshd[1]))
     )
     assert torch.equal(got, want.transpose(1, 2))
+
+
+@INTERPRETED
+def test_patched_sdpa_calls_replay_counted(monkeypatch, counts):
+    F = torch.nn.functional
+    with mxattention.patch_sdpa("mxattention") as patch:
+        F.scaled_dot_product_attention(*_qkv(0))
+        second = _qkv(10)
+        got = F.scaled_dot_product_attention(*second)
+    assert counts["replays"] == 1 and counts["dense"] == 1
+    assert patch.stats()["routed"] == 2
+    want = _fresh(monkeypatch, lambda: mxattention.scaled_dot_product_attention(*second))
+    assert torch.equal(got, want)

@@ -51,8 +51,9 @@ from mxattention.attention.config import AttentionConfig
 from mxattention.attention.inputs import sdpa_problem
 from mxattention.integrations._support import check_policy
 from mxattention.integrations.policy import PrecisionPolicy
-from mxattention.ops.call import plain_eager, routed, routed_sdpa
-from mxattention.ops.route import CallStats, Router, computing, tracks_grad
+from mxattention.ops.call import routed, routed_replay, routed_sdpa
+from mxattention.ops.memo import signature
+from mxattention.ops.route import THREAD_SITE, CallStats, Router, computing, tracks_grad
 
 _lock = threading.RLock()
 _stack: list[SdpaPatch] = []  # installed patches, innermost last
@@ -145,6 +146,13 @@ class SdpaPatch(Router):
         # SDPA calls made while mxattention computes (`ops.route.computing`) go to the previous function.
         if not self._active or (not torch.compiler.is_compiling() and computing()):
             return self._prev(*args, **kw)
+        # A call like one the kernels served before: decided, counted and replayed (`ops.memo`).
+        sig = signature(self.token, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        decision, pair = routed_replay(
+            self.token, sig, (query, key, value, attn_mask), query.shape[-2], key.shape[-2], attn_mask
+        )
+        if pair is not None:
+            return pair[0]
         reason = sdpa_problem(*args, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         if reason is None and self.autograd == "torch" and tracks_grad(*args):
             reason = "autograd"
@@ -152,11 +160,14 @@ class SdpaPatch(Router):
             self.note_fallback(reason)
             return self._prev(*args, **kw)
         scale_ = None if scale is None else float(scale)
+        if sig is not None:  # a plain eager call (`memo.signature`): the op's body without its dispatch
+            out, _ = routed(
+                query, key, value, attn_mask, is_causal, scale_, enable_gqa, False, self.token, decision,
+                THREAD_SITE, None, sig,
+            )  # fmt: skip
+            return out
         site, step = self.where()
-        call = (
-            routed if plain_eager(query, key, value, attn_mask) else routed_sdpa
-        )  # (`ops.call.plain_eager`)
-        out, _ = call(
+        out, _ = routed_sdpa(
             query, key, value, attn_mask, is_causal, scale_, enable_gqa, False, self.token, None, site, step
         )
         return out

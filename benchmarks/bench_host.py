@@ -102,6 +102,30 @@ def _diffusers_call(method: str):
     return call
 
 
+def _without_memo(fn):
+    """`fn` with every call site's memo signature None for its duration (the normal path: checks,
+    routing, the plan's look-up), ~1 us of patching per call."""
+    from mxattention.integrations import diffusers_backend, sdpa_patch
+    from mxattention.ops import entry
+
+    owners = [m for m in (entry, diffusers_backend, sdpa_patch) if hasattr(m, "signature")]
+
+    def none(*args):
+        return None
+
+    def call():
+        real = [m.signature for m in owners]
+        for m in owners:
+            m.signature = none
+        try:
+            return fn()
+        finally:
+            for m, r in zip(owners, real, strict=True):
+                m.signature = r
+
+    return call
+
+
 def run(args: argparse.Namespace) -> dict:
     import mxattention
 
@@ -128,6 +152,10 @@ def run(args: argparse.Namespace) -> dict:
         }
         if diff is not None:
             paths["diffusers_backend"] = lambda qd=qd, kd=kd, vd=vd: diff(qd, kd, vd)
+        if args.ab_memo:  # the same calls with the memo off (`ops.memo`), taking turns with the others
+            paths["mxattention_no_memo"] = _without_memo(paths["mxattention"])
+            if diff is not None:
+                paths["diffusers_backend_no_memo"] = _without_memo(paths["diffusers_backend"])
         if args.breakdown:
             paths.update(_breakdown(q, k, v, args.method))
         timed = {}
@@ -269,6 +297,11 @@ def main() -> None:
         "--b2b-rounds", type=int, default=24, help="rounds of 8 back-to-back calls per path (host b2b)"
     )
     ap.add_argument("--breakdown", action="store_true", help="also time the pieces of the public call")
+    ap.add_argument(
+        "--ab-memo",
+        action="store_true",
+        help="also the public entry and the diffusers backend with the memo off (ops.memo), same run",
+    )
     ap.add_argument(
         "--profile",
         action="store_true",

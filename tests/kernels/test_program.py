@@ -258,6 +258,22 @@ def test_gpu_replay_equals_the_normal_path(monkeypatch, shapes, kw):
 
 
 @CUDA
+def test_gpu_replays_call_the_c_launcher_on_triton_3_6(monkeypatch):
+    """On Triton 3.6 every step of a replay calls its launcher's C function itself (`launch._c_launcher`:
+    no scratch allocations, TMA descriptors expanded once), so the equality tests above run it."""
+    import triton
+
+    if not triton.__version__.startswith("3.6."):
+        pytest.skip("the C launcher's layout is read for Triton 3.6")
+    monkeypatch.setenv(CPU_KERNELS_ENV, "0")
+    q, k, v = (_hostile((1, 4, 300, 128), BF16, i).cuda() for i in range(3))
+    mxattention.scaled_dot_product_attention(q, k, v)
+    made = _only_program()
+    assert isinstance(made, program.CallProgram)
+    assert [rec.runner.__name__ for rec, _, _ in made.layout] == ["c_direct"] * len(made)
+
+
+@CUDA
 def test_gpu_replay_launches_through_tritons_hooks_when_one_is_installed(monkeypatch):
     """The direct runners skip Triton's launch metadata only while no launch hook is installed: with
     one (a profiler's), each of a replay's 4 launches reaches it, and the result is the same."""

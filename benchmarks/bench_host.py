@@ -103,8 +103,10 @@ def _diffusers_call(method: str):
 
 
 def _without_memo(fn):
-    """`fn` with every call site's memo signature None for its duration (the normal path: checks,
-    routing, the plan's look-up), ~1 us of patching per call."""
+    """`fn` with every call site's memo signature None for its duration, ~1 us of patching per call.
+    The public entry then takes its normal path (checks, the plan's look-up, the op's body); a
+    backend or patch takes its custom op through torch's dispatcher (no signature: not a plain
+    call), so their row is not their plain path before the memo (that one skipped the dispatcher)."""
     from mxattention.integrations import diffusers_backend, sdpa_patch
     from mxattention.ops import entry
 

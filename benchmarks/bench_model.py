@@ -81,12 +81,14 @@ def run_model(args, log) -> list[dict]:
         reset_backend_stats,
     )
 
-    name = register_diffusers_backend(args.method)
+    methods = args.method.split(",")
+    names = {register_diffusers_backend(m): m for m in methods}
     model = _model(args.blocks)
     inputs = _inputs(args.frames, args.height, args.width, args.text)
     rows, outs = [], {}
-    for compiled in (False, True):
-        for backend in ("native", name):
+    modes = args.modes.split(",")
+    for compiled in [m == "compiled" for m in ("eager", "compiled") if m in modes]:
+        for backend in ("native", *names):
             torch._dynamo.reset()
             model.set_attention_backend(backend)
             fn = torch.compile(model) if compiled else model
@@ -98,12 +100,13 @@ def run_model(args, log) -> list[dict]:
             # Warm-up (and compilation), then the stats of exactly the timed passes.
             first = call()
             torch.cuda.synchronize()
-            reset_backend_stats(name)
+            if backend != "native":
+                reset_backend_stats(backend)
             times = _time_ms(call, args.reps, warmup=1)
-            st = backend_stats(name) if backend != "native" else {}
+            st = backend_stats(backend) if backend != "native" else {}
             passes = args.reps + 1
             row = {
-                "attention": "native" if backend == "native" else args.method,
+                "attention": "native" if backend == "native" else names[backend],
                 "mode": "compiled" if compiled else "eager",
                 "ms": statistics.median(times),
                 "ms_all": times,
@@ -119,8 +122,12 @@ def run_model(args, log) -> list[dict]:
     for row in rows:
         o = outs[(row["attention"], row["mode"])]
         row["rel_l2_vs_native_eager"] = float((o - ref).norm() / ref.norm())
-    mx_e, mx_c = outs[(args.method, "eager")], outs[(args.method, "compiled")]
-    rows.append({"compiled_vs_eager_mx_rel_l2": float((mx_c - mx_e).norm() / mx_e.norm())})
+    for m in methods:
+        if (m, "eager") in outs and (m, "compiled") in outs:
+            mx_e, mx_c = outs[(m, "eager")], outs[(m, "compiled")]
+            rows.append(
+                {"method": m, "compiled_vs_eager_mx_rel_l2": float((mx_c - mx_e).norm() / mx_e.norm())}
+            )
     return rows
 
 
@@ -135,10 +142,11 @@ def run_overhead(args, log) -> dict:
     q = (torch.randn(1, h, l, d, device="cuda", generator=g) * chan).bfloat16()
     k = (torch.randn(1, h, l, d, device="cuda", generator=g) * chan).bfloat16()
     v = torch.randn(1, h, l, d, device="cuda", generator=g).bfloat16()
-    cfg = get_method(args.method)
+    method = args.method.split(",")[0]
+    cfg = get_method(method)
 
     def public():
-        return mxattention.scaled_dot_product_attention(q, k, v, method=args.method)
+        return mxattention.scaled_dot_product_attention(q, k, v, method=method)
 
     def kernel():
         return fused_attention(q, k, v, cfg, scale=d**-0.5)
@@ -156,7 +164,10 @@ def run_overhead(args, log) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--method", default="mxattention", help="mxattention method of the backend")
+    p.add_argument(
+        "--method", default="mxattention", help="mxattention method(s) of the backend, comma-separated"
+    )
+    p.add_argument("--modes", default="eager,compiled", help="eager, compiled or both, comma-separated")
     p.add_argument("--blocks", type=int, default=2, help="transformer blocks (Wan2.x-14B has 40)")
     p.add_argument("--frames", type=int, default=21, help="latent frames (81 video frames)")
     p.add_argument("--height", type=int, default=90, help="latent height (720 px)")
@@ -165,8 +176,11 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=5, help="timed forward passes per configuration")
     p.add_argument("--overhead-rounds", type=int, default=6, help="interleaved rounds of 5 calls")
     p.add_argument("--skip-model", action="store_true", help="only the host-overhead comparison")
+    p.add_argument("--skip-overhead", action="store_true", help="only the model")
     p.add_argument("--out", type=Path, default=Path("out"), help="folder for model_h200.json / .md")
     args = p.parse_args(argv)
+    if "eager" not in args.modes.split(","):
+        p.error("--modes must include eager (the outputs are compared with native eager's)")
     if not torch.cuda.is_available():
         print("bench_model: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -188,7 +202,7 @@ def main(argv=None) -> int:
     }
     res = {"meta": meta, "args": {k: str(v) for k, v in vars(args).items()}}
     res["model"] = [] if args.skip_model else run_model(args, log)
-    res["overhead"] = run_overhead(args, log)
+    res["overhead"] = None if args.skip_overhead else run_overhead(args, log)
     (args.out / "model_h200.json").write_text(json.dumps(res, indent=1))
     lines = [
         f"# Wan2.x-14B-shaped transformer, {args.blocks} blocks, {meta['gpu']} ({meta['date']})",
@@ -219,14 +233,15 @@ def main(argv=None) -> int:
         if "compiled_vs_eager_mx_rel_l2" in r:
             lines += [
                 "",
-                f"mxattention compiled vs eager output: rel-L2 {r['compiled_vs_eager_mx_rel_l2']:.2e}.",
+                f"{r['method']} compiled vs eager output: rel-L2 {r['compiled_vs_eager_mx_rel_l2']:.2e}.",
             ]
     o = res["overhead"]
-    lines += [
-        "",
-        f"Host overhead at (1, 40, 16384, 128) bf16: public entry {o['public']:.3f} ms, bare `fused_attention` "
-        f"{o['kernel']:.3f} ms: {o['overhead_pct']:+.2f} % (same outputs, interleaved).",
-    ]
+    if o is not None:
+        lines += [
+            "",
+            f"Host overhead at (1, 40, 16384, 128) bf16: public entry {o['public']:.3f} ms, bare "
+            f"`fused_attention` {o['kernel']:.3f} ms: {o['overhead_pct']:+.2f} % (same outputs, interleaved).",
+        ]
     (args.out / "model_h200.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -98,17 +98,10 @@ def _runner(kernel, compiled, grid: tuple, args: tuple, kwargs: dict):
         c_launch = _c_launcher(launcher, len(args))
     except Exception:  # another Triton's internals: the normal launch stays correct
         return _UNAVAILABLE
-    if c_launch is not None:
+    if c_launch is not None:  # Triton 3.6: its launcher's C function itself (`_c_launcher`)
         c_fn, descs, coop, pdl = c_launch
 
-        def c_direct(call_args: tuple, stream: int | None = None) -> None:
-            """`direct` (below) calling the launcher's C function itself (`_c_launcher`)."""
-            enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
-            if _hooked(enter) or _hooked(leave):
-                run(*call_args, *tail, stream=stream)
-                return
-            if stream is None:
-                stream = current_stream()
+        def send(stream: int, call_args: tuple) -> None:
             if descs:
                 flat = list(call_args)
                 for i, meta, expand in descs:  # last first: the earlier positions stay put
@@ -116,7 +109,10 @@ def _runner(kernel, compiled, grid: tuple, args: tuple, kwargs: dict):
                 call_args = flat
             c_fn(*grid3, stream, function, coop, pdl, None, None, packed, None, None, None, *call_args, *tail)
 
-        return c_direct
+    else:
+
+        def send(stream: int, call_args: tuple) -> None:
+            launcher(*grid3, stream, function, packed, None, None, None, *call_args, *tail)
 
     def direct(call_args: tuple, stream: int | None = None) -> None:
         """Launch with the positional arguments `call_args` on `stream` (a raw CUDA stream; None: the
@@ -129,10 +125,9 @@ def _runner(kernel, compiled, grid: tuple, args: tuple, kwargs: dict):
         if _hooked(enter) or _hooked(leave):
             run(*call_args, *tail, stream=stream)
             return
-        if stream is None:
-            stream = current_stream()
-        launcher(*grid3, stream, function, packed, None, None, None, *call_args, *tail)
+        send(current_stream() if stream is None else stream, call_args)
 
+    direct.calls_c_launcher = c_launch is not None  # type: ignore[attr-defined]
     return direct
 
 

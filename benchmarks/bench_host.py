@@ -4,7 +4,9 @@ For every shape (B = 1, non-causal, bf16) and each path: the host time of one ca
 returns; the GPU is idle before it, so nothing waits on a full queue), the time of a call followed by
 `torch.cuda.synchronize()` (what a caller that waits for each call sees), and the GPU time (events).
 Paths: torch SDPA with cuDNN, `mxattention.scaled_dot_product_attention`, the diffusers backend
-(`register_diffusers_backend`, through diffusers' `dispatch_attention_fn`) where diffusers imports.
+(`register_diffusers_backend`, through diffusers' `dispatch_attention_fn`) and diffusers' own
+"native" backend through the same function (torch's SDPA: what a model pays without mxattention)
+where diffusers imports.
 With `--profile`, the cProfiles of `--profile-calls` calls of the public entry and of the diffusers
 backend at each shape (top functions by own time) are written too. Writes <out>/<name>.json and <out>/<name>.md.
 
@@ -85,6 +87,19 @@ def _host_busy_ms(fn, reps: int, cycles: int = 20_000_000) -> float:
     return statistics.median(host)
 
 
+def _diffusers_native_call():
+    """A function (q, k, v) -> out through diffusers' own "native" backend (torch's SDPA behind
+    `dispatch_attention_fn`): what a model pays per call without mxattention."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, dispatch_attention_fn
+
+    backend = AttentionBackendName("native")
+
+    def call(q, k, v):
+        return dispatch_attention_fn(q, k, v, backend=backend)
+
+    return call
+
+
 def _diffusers_call(method: str):
     """A function (q, k, v) -> out through the diffusers backend, q/k/v in diffusers' [B, L, H, D],
     called as diffusers' attention processors call it once a model's `set_attention_backend` chose
@@ -134,9 +149,9 @@ def run(args: argparse.Namespace) -> dict:
     F = torch.nn.functional
     rows, profiles = [], {}
     try:
-        diff = _diffusers_call(args.method)
+        diff, native = _diffusers_call(args.method), _diffusers_native_call()
     except Exception as exc:  # reported; the other paths still run
-        diff, diff_error = None, f"{type(exc).__name__}: {exc}"
+        diff, native, diff_error = None, None, f"{type(exc).__name__}: {exc}"
     else:
         diff_error = None
     for label in args.shapes:
@@ -154,6 +169,7 @@ def run(args: argparse.Namespace) -> dict:
         }
         if diff is not None:
             paths["diffusers_backend"] = lambda qd=qd, kd=kd, vd=vd: diff(qd, kd, vd)
+            paths["diffusers_native"] = lambda qd=qd, kd=kd, vd=vd: native(qd, kd, vd)
         if args.ab_memo:  # the same calls with the memo off (`ops.memo`), taking turns with the others
             paths["mxattention_no_memo"] = _without_memo(paths["mxattention"])
             if diff is not None:

@@ -100,14 +100,24 @@ def _runner(kernel, compiled, grid: tuple, args: tuple, kwargs: dict):
         return _UNAVAILABLE
     if c_launch is not None:  # Triton 3.6: its launcher's C function itself (`_c_launcher`)
         c_fn, descs, coop, pdl = c_launch
+        flatten = descriptor_expander(descs)
 
         def send(stream: int, call_args: tuple) -> None:
-            if descs:
-                flat = list(call_args)
-                for i, meta, expand in descs:  # last first: the earlier positions stay put
-                    flat[i : i + 1] = expand(flat[i], meta)
-                call_args = flat
-            c_fn(*grid3, stream, function, coop, pdl, None, None, packed, None, None, None, *call_args, *tail)
+            c_fn(
+                *grid3,
+                stream,
+                function,
+                coop,
+                pdl,
+                None,
+                None,
+                packed,
+                None,
+                None,
+                None,
+                *flatten(call_args),
+                *tail,
+            )
 
     else:
 
@@ -139,7 +149,7 @@ def _c_launcher(launcher, n_args: int):
     arguments, a wrapper loops over every argument to expand each descriptor (`make_tensordesc_arg`:
     the filled CUtensorMap, shape and strides): ~4 us per launch on the CPU machine, ~3x that on the
     H200's host. Calling the C function with the same flat arguments skips both; the expansion is
-    still Triton's own function. The layout read is 3.6's (`_BASE_ARGS_FORMAT` of 13 items, the
+    still Triton's own function (`descriptor_expander` reuses it while an address repeats). The layout read is 3.6's (`_BASE_ARGS_FORMAT` of 13 items, the
     wrapper's closure); anything else, or a kernel with scratch memory, keeps the launcher."""
     try:
         import triton
@@ -165,6 +175,33 @@ def _c_launcher(launcher, n_args: int):
     elif not callable(fn) or hasattr(fn, "__code__"):
         return None  # not the C function itself
     return fn, descs, launcher.launch_cooperative_grid, launcher.launch_pdl
+
+
+def descriptor_expander(descs: tuple):
+    """A function of a launch's positional arguments that returns them with each TMA descriptor at
+    the positions `descs` names ((position, metadata, expansion), last first) replaced by its
+    expansion (Triton's `make_tensordesc_arg`: the filled CUtensorMap, shape and strides). A slot's
+    descriptors differ between launches only in their base address (the plan fixes shapes, strides
+    and blocks), so each position keeps its last expansion with the address it was made for and
+    reuses it while the address repeats (a model's loop gets the same buffers back from the
+    caching allocator), one tuple swapped whole so that threads sharing the slot never pair one
+    address with another's expansion."""
+    if not descs:
+        return lambda call_args: call_args
+    last: list = [(None, None)] * len(descs)
+
+    def flatten(call_args: tuple) -> list:
+        flat = list(call_args)
+        for j, (i, meta, expand) in enumerate(descs):  # last first: the earlier positions stay put
+            desc = flat[i]
+            ptr = desc.base.data_ptr()
+            kept = last[j]
+            if kept[0] != ptr:
+                kept = last[j] = (ptr, expand(desc, meta))
+            flat[i : i + 1] = kept[1]
+        return flat
+
+    return flatten
 
 
 def _hooked(hook) -> bool:

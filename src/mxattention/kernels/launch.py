@@ -1,6 +1,7 @@
 """Launching a planned kernel: through Triton's JIT once, then the compiled kernel directly.
 
-Exposes `launch(kernel, grid, args, kwargs, slot)`, `current_stream` and `DIRECT_LAUNCH_ENV`. A `slot` is (the launch
+Exposes `launch(kernel, grid, args, kwargs, slot)`, `current_stream`, `descriptor_expander` and
+`DIRECT_LAUNCH_ENV`. A `slot` is (the launch
 table of a cached plan, `KernelPlan.launches`; a key naming the launch in that plan): the first
 launch of a slot goes through `kernel[grid](*args, **kwargs)` (argument binding, specialization,
 the compile cache, the launch), which returns the compiled kernel; later launches of that slot call
@@ -149,8 +150,9 @@ def _c_launcher(launcher, n_args: int):
     arguments, a wrapper loops over every argument to expand each descriptor (`make_tensordesc_arg`:
     the filled CUtensorMap, shape and strides): ~4 us per launch on the CPU machine, ~3x that on the
     H200's host. Calling the C function with the same flat arguments skips both; the expansion is
-    still Triton's own function (`descriptor_expander` reuses it while an address repeats). The layout read is 3.6's (`_BASE_ARGS_FORMAT` of 13 items, the
-    wrapper's closure); anything else, or a kernel with scratch memory, keeps the launcher."""
+    still Triton's own function (`descriptor_expander` reuses it while an address repeats). The
+    layout read is 3.6's (`_BASE_ARGS_FORMAT` of 13 items, the wrapper's closure); anything else, or
+    a kernel with scratch memory, keeps the launcher."""
     try:
         import triton
         from triton.backends.nvidia import driver as nv

@@ -232,6 +232,14 @@ def test_gpu_hits_replay_directly_in_either_layout(monkeypatch, counts):
     _same(
         got, _fresh(monkeypatch, lambda: mxattention.scaled_dot_product_attention(*cuda[1], return_lse=True))
     )
+    # Again at the same addresses (the descriptors' expansions reused), then at the first inputs'.
+    _same(mxattention.scaled_dot_product_attention(*cuda[1], return_lse=True), got)
+    first = mxattention.scaled_dot_product_attention(*cuda[0], return_lse=True)
+    _same(
+        first,
+        _fresh(monkeypatch, lambda: mxattention.scaled_dot_product_attention(*cuda[0], return_lse=True)),
+    )
+    assert counts["replays"] == 3
     name = register_diffusers_backend("mxattention", name="mxattention_memo_gpu")
     bshd = [[t.transpose(1, 2).contiguous() for t in qkv] for qkv in cuda]
     dispatch_attention_fn(*bshd[0], backend=name)

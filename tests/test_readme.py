@@ -3,7 +3,9 @@
 - every ```python block runs on its own (fresh namespace, a CPU) and prints exactly what its
   `# prints:` comments show (tests/snippets.py);
 - the preset chooser's quality numbers are the study's (docs/results/readme_table.md, itself
-  checked against study.json) and its speeds the H200 benchmark's (benchmarks/results/attention_h200.json);
+  checked against study.json; the fast mode's from its deviation report,
+  benchmarks/results/fast_mode_deviation.md) and its speeds the H200 benchmark's
+  (benchmarks/results/attention_h200.json; the fast mode's benchmarks/results/fp8_variants_h200.json);
 - no history: no commit hashes, kernel version names or load averages.
 """
 
@@ -59,6 +61,10 @@ def test_chooser_quality_is_the_studys():
         r"^\| (.+?) \| \**([\d.]+)\** \| \**[\d.]+\** \| \**([\d.]+)\** \|$", table, flags=re.M
     ):
         study[row.group(1).replace("*", "").split(" ")[0]] = (row.group(2), row.group(3))
+    # The fast mode's study ran in its deviation report: | `preset` | cosine | PSNR | SSIM |
+    deviation = (ROOT / "benchmarks" / "results" / "fast_mode_deviation.md").read_text()
+    for row in re.finditer(r"^\| `([\w-]+)` \| ([\d.]+) \| ([\d.]+) \| [\d.]+ \|$", deviation, flags=re.M):
+        study.setdefault(row.group(1), (f"{float(row.group(3)):.2f}", f"{float(row.group(2)):.5f}"))
     for preset, (psnr, cosine, _) in CHOOSER.items():
         assert (psnr, cosine) == study[preset], preset
 
@@ -72,6 +78,9 @@ def test_chooser_speed_is_the_benchmarks():
             for label in ("wan14b-16k", "wan14b-75k")
         ]
         assert CHOOSER[preset][2].strip() == " / ".join(f"{r:.2f}x" for r in ratios), preset
+    fast = json.loads((ROOT / "benchmarks" / "results" / "fp8_variants_h200.json").read_text())["shapes"]
+    ratios = [fast[label]["rows"]["call_fast_public"]["vs_cudnn"] for label in ("16k", "wan14b-75k")]
+    assert CHOOSER["mxattention-fast"][2].strip() == " / ".join(f"{r:.2f}x" for r in ratios)
 
 
 def test_readme_holds_no_history():

@@ -7,12 +7,12 @@ plan has a program).
 Why: an eager call's host time is mostly Python before its launches (the checks, the routing, the
 permutes of a framework's [B, S, H, D] layout, the plan's key and look-up; `benchmarks/results/
 host_h200.md`). Each of those reads only the call's metadata: the tensors' types, devices, dtypes,
-shapes, strides and 16-byte alignment, the scalar arguments (value and type), the method, and for CPU tensors the CPU-kernels switch. So a call whose metadata equal an
-earlier call's that passed its checks, was served by the kernels and recorded a program
-(`kernels.program.CallProgram`) gets the same verdict and the same launches, at its own addresses:
-the program replays on the call's own tensors, with no check, plan or permute made again. A
-framework's layout changes nothing there: a permuted view has its tensor's address, and the program
-needs only addresses.
+shapes, strides and 16-byte alignment, the scalar arguments (value and type), the method, and for
+CPU tensors the CPU-kernels switch. So a call whose metadata equal an earlier call's that passed its
+checks, was served by the kernels and recorded a program (`kernels.program.CallProgram`) gets the
+same verdict and the same launches, at its own addresses: the program replays on the call's own
+tensors, with no check, plan or permute made again. A framework's layout changes nothing there: a
+permuted view has its tensor's address, and the program needs only addresses.
 
 Only plain eager calls get a signature (`call.plain_eager`'s conditions): under torch.compile, a
 dispatch mode, with tensor subclasses or tensors autograd tracks the ops run as before. A

@@ -119,7 +119,7 @@ def _deepest_op_nesting(fn) -> int:
 
 def test_no_custom_op_runs_inside_another():
     """Each entry makes one op call and no op calls another; a plain eager dense call runs the op's
-    body without the op (`ops.call.plain_eager`: 0 op bodies on the stack), one with autograd to
+    body without the op (`ops.memo.plain_eager`: 0 op bodies on the stack), one with autograd to
     record takes the op (1)."""
     q, k, v = (torch.randn(1, 2, 40, 32) for _ in range(3))
     qg = q.clone().requires_grad_(True)

@@ -959,7 +959,13 @@ def cached_plan(
     if plan is None:
         plan = kernel_plan(config_from_key(cfg_key), query, key, value, scale, mask=mask, is_causal=is_causal)
         plan = replace(plan, launches={})
-        if len(_PLANS) >= PLAN_CACHE_SIZE:
-            _PLANS.clear()
-        _PLANS[sig] = plan
+        keep(sig, plan)
     return plan
+
+
+def keep(key: tuple, value: object) -> None:
+    """Put `value` in the plan cache under `key` (a plan under its `plan_key`, or `ops.memo`'s
+    program under a call's signature); a full cache starts again."""
+    if len(_PLANS) >= PLAN_CACHE_SIZE:
+        _PLANS.clear()
+    _PLANS[key] = value

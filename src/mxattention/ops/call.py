@@ -28,7 +28,6 @@ from collections.abc import Sequence
 
 import torch
 from torch._library.effects import EffectType
-from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from mxattention.attention.keys import config_from_key, method_key
 from mxattention.attention.sdpa import checked_sdpa_reference
@@ -47,17 +46,6 @@ from mxattention.ops.errors import InferenceOnlyError, inference_only_message, w
 from mxattention.ops.memo import program, remember, replay
 
 _TAGS = (torch.Tag.cudagraph_unsafe,)
-
-
-def plain_eager(*tensors: torch.Tensor | None) -> bool:
-    """Whether a call may run an op's body directly, skipping the dispatcher (~20 us of the H200's
-    host per call, benchmarks/results/probe_host_h200.json): eager (not traced by torch.compile), no
-    dispatch mode active (fake tensors, flop counters see the op), plain tensors, and no autograd to
-    record (the ops' backward raises `InferenceOnlyError`)."""
-    if torch.compiler.is_compiling() or _current_dispatch_mode() is not None:
-        return False
-    grad = torch.is_grad_enabled()
-    return all(t is None or (type(t) is torch.Tensor and not (grad and t.requires_grad)) for t in tensors)
 
 
 def dense(
@@ -154,7 +142,7 @@ def routed(
     step: torch.Tensor | None = None,
     memo: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The body of `routed_sdpa` (see there), which a plain eager call (`plain_eager`) runs without
+    """The body of `routed_sdpa` (see there), which a plain eager call (`memo.plain_eager`) runs without
     the op's dispatch: (O, lse), lse whatever the call computed (None for torch's SDPA without
     `return_lse`); the op returns the empty placeholder where `return_lse` is false, a plain call
     skips that allocation (~2 us of host). `memo`: the call's `memo.signature` (see `dense`)."""

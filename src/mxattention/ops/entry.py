@@ -17,8 +17,8 @@ from mxattention.attention.config import AttentionConfig, get_method
 from mxattention.attention.inputs import check_scale, check_sdpa
 from mxattention.attention.keys import method_key
 from mxattention.attention.varlen import check_varlen
-from mxattention.ops.call import dense, plain_eager, sdpa_op, varlen_op
-from mxattention.ops.memo import program, replay, signature
+from mxattention.ops.call import dense, sdpa_op, varlen_op
+from mxattention.ops.memo import plain_eager, program, replay, signature
 
 
 def scaled_dot_product_attention(

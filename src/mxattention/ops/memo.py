@@ -1,6 +1,6 @@
 """Eager calls seen before: from a call's own arguments straight to the program that served it.
 
-Exposes `signature` (the key of a call), `program` (the program remembered for it, or None),
+Exposes `plain_eager`, `signature` (the key of a call), `program` (the program remembered for it, or None),
 `replay` (a program run on a call's tensors) and `remember` (called by `call.dense` once a cached
 plan has a program).
 
@@ -14,7 +14,7 @@ same verdict and the same launches, at its own addresses: the program replays on
 tensors, with no check, plan or permute made again. A framework's layout changes nothing there: a
 permuted view has its tensor's address, and the program needs only addresses.
 
-Only plain eager calls get a signature (`call.plain_eager`'s conditions): under torch.compile, a
+Only plain eager calls get a signature (`plain_eager`): under torch.compile, a
 dispatch mode, with tensor subclasses or tensors autograd tracks the ops run as before. A
 router's decision (policy, counts) is still made per call, by the caller, before the replay.
 
@@ -39,6 +39,20 @@ _Tensor = torch.Tensor
 _TAG = object()  # the first item of every memo key (no plan key starts with it)
 
 
+def plain_eager(*tensors: object) -> bool:
+    """Whether a call may run an op's body directly, skipping the dispatcher (~20 us of the H200's
+    host per call, benchmarks/results/probe_host_h200.json): eager (not traced by torch.compile), no
+    dispatch mode active (fake tensors, flop counters see the op), plain tensors (or None), and no
+    autograd to record (the ops' backward raises `InferenceOnlyError`)."""
+    if torch.compiler.is_compiling() or _current_dispatch_mode() is not None:
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:  # a loop, not all() of a generator: this runs on every call (host time)
+        if t is not None and (type(t) is not _Tensor or (grad and t.requires_grad)):
+            return False
+    return True
+
+
 def signature(
     where: str,
     query: object,
@@ -51,22 +65,11 @@ def signature(
     enable_gqa: object,
 ) -> tuple | None:
     """The memo key of a call made at `where` (the method's key for the public entry, a router's
-    token for a patch or backend), or None for a call that is not plain eager (traced, under a
-    dispatch mode, tensor subclasses or a mask that is not a tensor)."""
-    if (
-        type(query) is not _Tensor
-        or type(key) is not _Tensor
-        or type(value) is not _Tensor
-        or (attn_mask is not None and type(attn_mask) is not _Tensor)
-        or torch.compiler.is_compiling()
-        or _current_dispatch_mode() is not None
-    ):
+    token for a patch or backend), or None for a call that is not `plain_eager` (traced, under a
+    dispatch mode, tensor subclasses, a mask that is not a tensor, autograd to record)."""
+    if not plain_eager(query, key, value, attn_mask):
         return None
     q, k, v, m = query, key, value, attn_mask
-    if torch.is_grad_enabled() and (
-        q.requires_grad or k.requires_grad or v.requires_grad or (m is not None and m.requires_grad)
-    ):
-        return None  # autograd records the op (its backward raises): not a plain call
     # One flat tuple, hashed per call. The scalars' types too: True == 1 == 1.0 hash alike, and
     # the checks tell a bool scale or an int is_causal from the value they were given.
     return (
@@ -96,6 +99,4 @@ def remember(sig: tuple | None, launches: dict | None) -> None:
     """Keep the program of a plan's launch table (`KernelPlan.launches`) for `sig`, if it has one."""
     prog = None if sig is None or launches is None else launches.get(PROGRAM_SLOT)
     if isinstance(prog, CallProgram):
-        if len(_plan._PLANS) >= _plan.PLAN_CACHE_SIZE:  # bounded with the plans (`plan.cached_plan`)
-            _plan._PLANS.clear()
-        _plan._PLANS[sig] = prog
+        _plan.keep(sig, prog)  # bounded with the plans

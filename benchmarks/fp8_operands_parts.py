@@ -8,12 +8,14 @@ V^ passes with their anchors, the Q^ fold pass, the K^ and V^ folds) and of the 
 bf16 pre-passes, then `fold_pass` for Q^, K^, V^), each alone on the outputs of the steps before it
 (`triton.testing.do_bench`, median ms), and both makers whole. Writes DIR/fp8_operands_parts.json
 and prints a table. Which step makes the packed maker slower at long keys (1.84 ms against 1.04 at
-16k on the H200) is the question it answers.
+16k on the H200) was the first question it answered; the folds' bytes by the hardware cast (as the
+plan takes them on sm_90) against bytes built from the bits, the second.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import sys
@@ -33,7 +35,15 @@ def steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> di
     """name -> a function running that step alone; the inputs of each step are made once here."""
     from mxattention.kernels.attention_fwd_fp8 import fold_packed, fold_pass, fp8_operands
     from mxattention.kernels.fold8 import NO_ANCHOR
-    from mxattention.kernels.prepass import prepass_k_anchored, prepass_q_fold8, prepass_qk, prepass_v
+    from mxattention.kernels.prepass import (
+        padded_len,
+        prepass_k_anchored,
+        prepass_q_fold8,
+        prepass_qk,
+        prepass_v,
+        qk_pass,
+    )
+    from mxattention.kernels.targets import current_target, hw_e4m3_cast
 
     b, hk, d = k.shape[0], k.shape[1], v.shape[3]
     size = b * hk * (1 + d)
@@ -48,13 +58,23 @@ def steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> di
     qb = prepass_qk(q, "uos", hadamard=True, out_bf16=True)
     kb = prepass_qk(k, "uos", hadamard=True, out_bf16=True)
     vb = prepass_v(v, "uos", out_bf16=True)
+    hw = hw_e4m3_cast(current_target(q.device))  # the folds' bytes by the hardware cast, as planned
+    lqp = padded_len(q.shape[2], 128)
+    q_bits = dataclasses.replace(
+        qk_pass(q, lqp, hadamard=True, out_bf16=False, elem="e2m1", smoothed=False, fold="q"), hw_cast=False
+    )
     return {
         "packed: anchor fill": anchors,
         "packed: K^ pass + anchors": lambda: prepass_k_anchored(k, "uos", hadamard=True, anchors=ak),
         "packed: V^ pass + anchors": lambda: prepass_v(v, "uos", anchors=av),
         "packed: Q^ fold pass": lambda: prepass_q_fold8(q, "uos", hadamard=True, kv_anchors=ak, scale=scale),
-        "packed: K^ fold": lambda: fold_packed(kc, ks, ak, columns=False),
-        "packed: V^ fold": lambda: fold_packed(vc, vs, av, columns=True, slots=True),
+        "packed: Q^ fold pass, bytes from bits": lambda: prepass_q_fold8(
+            q, "uos", hadamard=True, kv_anchors=ak, scale=scale, pass_plan=q_bits
+        ),
+        "packed: K^ fold": lambda: fold_packed(kc, ks, ak, columns=False, hw_cast=hw),
+        "packed: V^ fold": lambda: fold_packed(vc, vs, av, columns=True, slots=True, hw_cast=hw),
+        "packed: K^ fold, bytes from bits": lambda: fold_packed(kc, ks, ak, columns=False),
+        "packed: V^ fold, bytes from bits": lambda: fold_packed(vc, vs, av, columns=True, slots=True),
         "bf16: Q^ pass": lambda: prepass_qk(q, "uos", hadamard=True, out_bf16=True),
         "bf16: K^ pass": lambda: prepass_qk(k, "uos", hadamard=True, out_bf16=True),
         "bf16: V^ pass": lambda: prepass_v(v, "uos", out_bf16=True),

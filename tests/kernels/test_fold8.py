@@ -17,7 +17,7 @@ from mxattention.formats.ladders import E2M1
 from mxattention.formats.mx import fake_quantize, pow2
 from mxattention.formats.packing import unpack_uint4
 from mxattention.formats.rounding import decode_codes
-from mxattention.kernels import prepass
+from mxattention.kernels import prepass, targets
 from mxattention.kernels.attention_fwd_fp8 import fp8_operands, fp8_operands_from_inputs
 from mxattention.kernels.fold8 import NO_ANCHOR
 from mxattention.kernels.prepass import (
@@ -144,6 +144,36 @@ def test_rowscale_for_every_scale(scale, device):
     assert torch.equal(_bits(got), _bits(want)), (got, want)
 
 
+@pytest.mark.parametrize("gap", [14, 15, 20])
+def test_folds_of_blocks_far_under_their_anchor(gap, device):
+    """`fold8.fold_rows` (Q^) and `fold8.fold_decoded` (K^, V^): a Q row, a K row and a V column whose
+    second block lies `gap` binades under the first (no rotation, so the blocks keep their scales:
+    2**0 and 2**-gap, the anchor -6). Up to 14 binades down every value folds onto E4M3 by one
+    multiply; further down (r 2**(6 - gap) below E4M3's subnormal step for r = 0.5: ties, roundings
+    onto subnormals, flushes to 0) the tile takes the rounding. Either way the bytes equal the bf16
+    path's; the other tiles of each launch hold no such block. Negatives that round to 0 fold to +0."""
+    g = torch.Generator().manual_seed(gap)
+    q = torch.randn(1, 2, 45, 64, generator=g).clamp(-3.5, 3.5)
+    k = torch.randn(1, 1, 70, 64, generator=g).clamp(-3.5, 3.5)
+    v = torch.randn(1, 1, 70, 64, generator=g).clamp(-3.5, 3.5)
+    for x in (q, k):  # every block's top: amax 4, scale 2**0 under UOS (r_max 4)
+        x[..., 0] = x[..., 32] = 4.0
+    v[..., 0, :] = v[..., 32, :] = 4.0  # (V's blocks run along the keys)
+    q[0, 1, 5, 32:] *= 2.0**-gap
+    q[0, 1, 6, 33:40] = torch.tensor([-0.01, 0.01, -3.0, 0.75, 0.25, 0.125, 1.25]) * 2.0**-gap
+    k[0, 0, 5, 32:] *= 2.0**-gap
+    v[0, 0, 32:64, 3] *= 2.0**-gap
+    q, k, v = q.to(device), k.to(device), v.to(device)
+    rules = ("uos",) * 3
+    old = _old(q, k, v, rules, False, 0.125, 32, 32, (True,))[0]
+    _assert_same(old, _new(q, k, v, rules, False, 0.125, 32, 32, True), f"gap={gap}")
+    q8, k8, v8t = (_bits(old[i])[0] for i in (0, 2, 3))
+    assert q8[1, 5, 0] == q8[0, 0, 0] == k8[0, 5, 0] == 0x78  # 4 folded with anchor -6: 256
+    for far in (q8[1, 5, 32:], k8[0, 5, 32:], v8t[0, 3, 32:64]):
+        # the values that did not fold by a multiply: E4M3 subnormals (gap 15) and zeros
+        assert (far & 0x78).eq(0).all() == (gap > 14) and far.ne(0).any() == (gap < 20)
+
+
 def _decode_packed(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """fp32 values of packed E2M1 codes with E8M0 bytes, blocks of 32 along the last axis (byte
     255: NaN), as `formats.mx.MXTensor.dequantize`."""
@@ -207,6 +237,13 @@ def test_fast_mode_passes_are_planned_tl_and_refuse_other_plans(monkeypatch):
     assert qk_pass(x, 128, **common).kernel == "gluon"  # what the exact path takes
     fq, fk = qk_pass(x, 128, **common, fold="q"), qk_pass(x, 128, **common, fold="k")
     assert (fq.kernel, fq.out, fk.kernel, fk.out) == ("tl", "folded", "tl", "packed+anchor")
+    # The folded Q^'s bytes by the hardware cast only where the plan's target has it checked.
+    assert not fq.hw_cast and "hardware" not in str(fq)
+    monkeypatch.setattr(prepass, "current_target", lambda device: targets.SM_90A)
+    hq = qk_pass(x, 128, **common, fold="q")
+    assert hq.hw_cast and "hardware E4M3 cast" in str(hq) and not qk_pass(x, 128, **common, fold="k").hw_cast
+    monkeypatch.setattr(prepass, "current_target", lambda device: targets.GFX950)
+    assert not qk_pass(x, 128, **common, fold="q").hw_cast
     with pytest.raises(ValueError, match="fold"):
         qk_pass(x, 128, **(common | dict(out_bf16=True)), fold="q")
     with pytest.raises(ValueError, match="pass_plan"):

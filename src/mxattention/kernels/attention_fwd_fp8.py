@@ -39,7 +39,7 @@ from mxattention.kernels.attention_fwd import LOG2E, MASK_ADD, MASK_BOOL, MASK_N
 from mxattention.kernels.cast import _ladder_step_round as ladder_step_round
 from mxattention.kernels.cast import (
     block_scale,
-    dequant_e2m1,
+    decode_e2m1,
     e2m1_round,
     exp2_ftz,
 )
@@ -49,11 +49,13 @@ from mxattention.kernels.fold8 import (
     anchor_or_zero,
     e4m3_bytes,
     finite_abs,
+    fold_decoded,
     fold_values,
     in_key_slots,
     pow2_bits,
 )
 from mxattention.kernels.online_softmax import finish_lse
+from mxattention.kernels.targets import current_target, hw_e4m3_cast
 
 FP32_TINY_HOST = 2.0**-126  # fp32's smallest normal: the least score factor (`fp8_operands`)
 FOLD_ROWS = 32  # rows per program of the fold passes
@@ -179,6 +181,7 @@ def _fold_packed_kernel(
     BL: tl.constexpr,
     COLUMNS: tl.constexpr,
     SLOTS: tl.constexpr,
+    BY_BITS: tl.constexpr = True,
 ):
     """F = E4M3(x 2**-a) of the MX values x of packed E2M1 codes + E8M0 bytes (`prepass` output),
     decoded exactly (`cast.dequant_e2m1`: the values `prepass(out_bf16=True)` writes, as fp32).
@@ -187,7 +190,7 @@ def _fold_packed_kernel(
     one anchor per column from A [BH, DP], F [BH, DP, L] (SLOTS: keys in `key_slot` order within
     each block of 32); the first program of each head writes ColScale [BH, DP] = 2**a (fp32, the
     host's `pow2_f32`). A holds the pre-pass's atomic maxima (NO_ANCHOR: a group of zeros, folded
-    with 0). Each program: BL rows of K^ or BL keys of V^."""
+    with 0). Each program: BL rows of K^ or BL keys of V^. BY_BITS: `fold8.fold_decoded`'s."""
     pid = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     if COLUMNS:
@@ -196,9 +199,8 @@ def _fold_packed_kernel(
         srow = (bh * DP + d) * (L // 32) + pid * (BL // 32)
         codes = tl.load(Codes + crow + tl.arange(0, BL // 2)[None, :])
         scales = tl.load(Scales + srow + tl.arange(0, BL // 32)[None, :])
-        x = dequant_e2m1(codes, scales, DP, BL)  # [DP, BL]
         a = anchor_or_zero(tl.load(A + bh * DP + tl.arange(0, DP)))
-        f = e4m3_bytes(fold_values(x, a[:, None]), True)
+        f = fold_decoded(decode_e2m1(codes, DP, BL), scales, a, DP, BL, BY_BITS)  # [DP, BL]
         if SLOTS:
             f = in_key_slots(f)
         tl.store(F + (bh * DP + d) * L + pid * BL + tl.arange(0, BL)[None, :], f)
@@ -208,20 +210,28 @@ def _fold_packed_kernel(
         rows = (bh * L + pid * BL + tl.arange(0, BL))[:, None]
         codes = tl.load(Codes + rows * (DP // 2) + tl.arange(0, DP // 2)[None, :])
         scales = tl.load(Scales + rows * (DP // 32) + tl.arange(0, DP // 32)[None, :])
-        x = dequant_e2m1(codes, scales, BL, DP)
-        a = anchor_or_zero(tl.load(A + bh))
-        tl.store(F + rows * DP + tl.arange(0, DP)[None, :], e4m3_bytes(fold_values(x, a), True))
+        a = anchor_or_zero(tl.load(A + bh)) + tl.zeros([BL], tl.int32)
+        f = fold_decoded(decode_e2m1(codes, BL, DP), scales, a, BL, DP, BY_BITS)
+        tl.store(F + rows * DP + tl.arange(0, DP)[None, :], f)
 
 
 def fold_packed(
-    codes: torch.Tensor, scales: torch.Tensor, anchors: torch.Tensor, *, columns: bool, slots: bool = False
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    anchors: torch.Tensor,
+    *,
+    columns: bool,
+    slots: bool = False,
+    hw_cast: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(F, colscale) from the anchored pre-pass's packed K^ (`prepass.prepass_k_anchored`: codes
     [B, H, Lp, Dp / 2], anchors [B * H]; F [B, H, Lp, Dp], colscale None) or V^
     (`prepass.prepass_v(anchors=...)`, columns: codes [B, H, Dp, Lp / 2], anchors [B * H * Dp]; F
     [B, H, Dp, Lp] with `slots` as `fold_pass`, colscale fp32 [B, H, Dp] = 2**a_v): the bytes
     `fold_pass` makes from the bf16 pre-pass, bit for bit, from 0.53 bytes per element instead of 2
-    (and no anchor pass: the pre-pass's atomic maxima)."""
+    (and no anchor pass: the pre-pass's atomic maxima). `hw_cast`: the bytes by the target's E4M3
+    conversion (`prepass.PassPlan.hw_cast`, the same bytes; only where `targets.HW_E4M3_CAST` lists
+    the GPU)."""
     b, h = codes.shape[:2]
     dp = 32 * scales.shape[3] if not columns else codes.shape[2]
     lp = codes.shape[2] if not columns else 2 * codes.shape[3]
@@ -236,7 +246,7 @@ def fold_packed(
     bl = 2 * FOLD_ROWS if columns and lp % (2 * FOLD_ROWS) == 0 else FOLD_ROWS
     _fold_packed_kernel[(lp // bl, b * h)](
         codes, scales, f, anchors, f if colscale is None else colscale, lp, DP=dp, BL=bl, COLUMNS=columns,
-        SLOTS=slots,
+        SLOTS=slots, BY_BITS=not hw_cast,
     )  # fmt: skip
     return f, colscale
 
@@ -590,8 +600,10 @@ def fp8_operands_from_inputs(
         query, q_rule, hadamard=hadamard, kv_anchors=ak, scale=scale, len_multiple=q_len_multiple,
         pass_plan=q_pass,
     )  # fmt: skip
-    k8, _ = fold_packed(kc, ks, ak, columns=False)
-    v8t, colscale = fold_packed(vc, vs, av, columns=True, slots=slots)
+    # The bytes by the hardware cast where the plan's Q^ pass takes it (or, unplanned, the target lists it).
+    hw = q_pass.hw_cast if q_pass is not None else hw_e4m3_cast(current_target(key.device))
+    k8, _ = fold_packed(kc, ks, ak, columns=False, hw_cast=hw)
+    v8t, colscale = fold_packed(vc, vs, av, columns=True, slots=slots, hw_cast=hw)
     return q8, rowscale, k8, v8t, colscale
 
 
@@ -669,7 +681,6 @@ def build_fp8(target, d: int = 128, n: int = 16384, heads: int = 40, causal: boo
     from mxattention.kernels.plan import launch_config
     from mxattention.kernels.prepass import padded_dim, padded_len
     from mxattention.kernels.rules import rule_constants
-    from mxattention.kernels.targets import hw_e4m3_cast
 
     cfg = get_method("mxattention-fast")
     bm, _path, _layout, warps, stages, _opts = launch_config(target, d, d, "bf16")

@@ -363,10 +363,16 @@ def dequant_e2m1(packed, scales, R: tl.constexpr, C: tl.constexpr):
     powers of two where it exceeds 2**127 (scales above 2**113), each product exact. Scale byte 255
     (a block that held NaN or Inf) decodes to NaN, as `formats.mx.dequantize`.
     """
+    return _times_scales(decode_e2m1(packed, R, C), scales, 14, R, C)
+
+
+@triton.jit
+def decode_e2m1(packed, R: tl.constexpr, C: tl.constexpr):
+    """Packed E2M1 [R, C // 2] -> fp32 [R, C]: each value times 2**-14, signed (`dequant_e2m1`'s
+    first step, before the block scales)."""
     c = unpack_nibbles(packed, R, C)
     h = ((c & 7) << 9) | ((c & 8) << 12)
-    v = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    return _times_scales(v, scales, 14, R, C)
+    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit

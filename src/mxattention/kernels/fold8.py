@@ -2,14 +2,23 @@
 (`prepass`: Q^ folded in registers, K^ / V^ anchors) and the fold kernels of `attention_fwd_fp8`.
 
 Exposes `FOLD_TOP`, `NO_ANCHOR`, `finite_abs`, `anchor_of`, `anchor_or_zero`, `fold_values`,
-`e4m3_bytes`, `key_slot`, `in_key_slots`, `pow2_bits` and `score_factor`. Imports only `cast`, so `prepass` can use them without
+`e4m3_bytes`, `fold_rows`, `fold_decoded`, `key_slot`, `in_key_slots`, `pow2_bits` and `score_factor`. Imports only `cast`, so `prepass` can use them without
 importing the attention kernels.
 """
 
 from __future__ import annotations
 
 from mxattention.kernels._triton import tl, triton
-from mxattention.kernels.cast import e4m3_round, elem_code, exp2_int, floor_log2_mantissa
+from mxattention.kernels.cast import (
+    _block_amax_bits,
+    _times_scales,
+    e2m1_round,
+    e4m3_round,
+    elem_code,
+    exp2_int,
+    floor_log2_mantissa,
+    shared_exponent,
+)
 
 FOLD_TOP = 8  # formats.fold.FOLD_TOP: a group's largest value folds to 256 or 384
 NO_ANCHOR = -(2**20)  # the anchor of a group of zeros: below every real anchor (atomic max identity)
@@ -57,6 +66,67 @@ def e4m3_bytes(r, BY_BITS: tl.constexpr):
         return code.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
     else:
         return r.to(tl.float8e4nv)
+
+
+@triton.jit
+def fold_rows(x3, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constexpr, IN_THREAD: tl.constexpr,
+              BY_BITS: tl.constexpr):  # fmt: skip
+    """(float8e4nv bytes [R, NB * 32], anchors a [R] int32) of fp32 x3 [R, NB, 32]: its MX (E2M1) cast
+    in blocks along the last axis, each row folded with its anchor. Bit for bit what
+    `e4m3_bytes(fold_values(vals, a), True)` gives for `cast.cast_blocks`' vals, with a =
+    `anchor_or_zero(anchor_of(max finite |vals| of the row))`; BY_BITS False (the GPU) converts by the
+    target's instruction, exact on these values (E4M3 values, +0 for -0, canonical NaN).
+
+    The row's largest |value| comes from the block maxima (the rounding is monotone: a block's top is
+    its amax rounded), not from a pass over the values. Where every block holding a nonzero value lies
+    at most 8 binades under its row's anchor (k = e - a >= -8, so r 2**k is an E4M3 value: 0.5 2**k
+    >= 2**-9, E4M3's subnormal step), the fold is one multiply by 2**k per value; a tile with any
+    block further down (values that round onto E4M3's subnormals) takes `fold_values` instead.
+    """
+    R: tl.constexpr = x3.shape[0]
+    NB: tl.constexpr = x3.shape[1]
+    amax_bits = _block_amax_bits(x3, 2, IN_THREAD)
+    bad = amax_bits >= 0x7F800000
+    amax = tl.where(bad, 0, amax_bits).to(tl.float32, bitcast=True)
+    e = shared_exponent(amax, CEIL, Q_EXP, Q_MANT)
+    # As cast_blocks: the magnitudes' rounding against the block scale (NaN / Inf blocks: NaN values).
+    r = e2m1_round(tl.abs(x3) * exp2_int(-e)[:, :, None], 1.0)
+    top = e2m1_round(amax * exp2_int(-e), 1.0) * exp2_int(e)  # 0 for a NaN / Inf block (finite_abs)
+    a = anchor_or_zero(anchor_of(tl.max(top, 1)))
+    k = e - a[:, None]
+    # r with x's sign (one tensor live across the branch: r and the signs apart spilled registers).
+    signed = (r.to(tl.int32, bitcast=True) | (x3.to(tl.int32, bitcast=True) & -2147483648)).to(
+        tl.float32, bitcast=True
+    )
+    if tl.max(((top > 0) & (k < -8)).to(tl.int32)) == 0:
+        # r 2**k signed; fma(., ., +0) turns -0 into +0 as fold_values does (NaN blocks: NaN).
+        f2k = tl.where(bad, float("nan"), exp2_int(tl.minimum(tl.maximum(k, -8), 8)))
+        out = e4m3_bytes(tl.reshape(tl.fma(signed, f2k[:, :, None], 0.0), [R, NB * 32]), BY_BITS)
+    else:
+        # cast_blocks' vals ((r 2**e) | sign equals (r | sign) 2**e; NaN blocks NaN), folded.
+        vals = signed * tl.where(bad, float("nan"), exp2_int(e))[:, :, None]
+        out = e4m3_bytes(tl.reshape(fold_values(vals, a[:, None, None]), [R, NB * 32]), True)
+    return out, a
+
+
+@triton.jit
+def fold_decoded(v, scales, a, R: tl.constexpr, C: tl.constexpr, BY_BITS: tl.constexpr):
+    """float8e4nv bytes [R, C] of packed E2M1 values decoded to v = value 2**-14 (fp32 [R, C], signed:
+    `cast.dequant_e2m1`'s first step) with E8M0 bytes `scales` [R, C / 32] along the last axis, each
+    row folded with its anchor a [R] (int32, `anchor_or_zero`'s): bit for bit
+    `e4m3_bytes(fold_values(dequant_e2m1(...), a), True)`; BY_BITS False (the GPU) converts by the
+    target's instruction, as `fold_rows`. Where every block lies at most 8 binades under its anchor
+    (or holds NaN) one multiply by 2**(e - a + 14) gives each folded value exactly; else the tile
+    decodes and rounds as `fold_values`."""
+    nan = scales == 255
+    k = scales.to(tl.int32) - 127 - a[:, None]
+    if tl.max(((k < -8) & ~nan).to(tl.int32)) == 0:
+        # (zero blocks may sit anywhere: their values stay 0, so k is only clamped to a finite factor)
+        factor = tl.where(nan, float("nan"), exp2_int(tl.minimum(k, 113) + 14))
+        f = tl.fma(tl.reshape(v, [R, C // 32, 32]), tl.reshape(factor, [R, C // 32, 1]), 0.0)
+        return e4m3_bytes(tl.reshape(f, [R, C]), BY_BITS)
+    else:
+        return e4m3_bytes(fold_values(_times_scales(v, scales, 14, R, C), a[:, None]), True)
 
 
 @triton.jit

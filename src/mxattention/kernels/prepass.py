@@ -49,19 +49,13 @@ from mxattention.formats.scale_rules import ScaleRule
 from mxattention.kernels import prepass_hopper
 from mxattention.kernels._triton import sm_count, tl, triton
 from mxattention.kernels.cast import bf16_pair_floats, cast_blocks, cast_packed, pack_nibbles
-from mxattention.kernels.fold8 import (
-    anchor_of,
-    anchor_or_zero,
-    e4m3_bytes,
-    finite_abs,
-    fold_values,
-    score_factor,
-)
+from mxattention.kernels.fold8 import anchor_of, anchor_or_zero, finite_abs, fold_rows, score_factor
 from mxattention.kernels.hadamard import hadamard_rows
 from mxattention.kernels.launch import launch
 from mxattention.kernels.online_softmax import LOG2E
 from mxattention.kernels.rules import rule_constants
 from mxattention.kernels.specs import BuildFailure, PassKernel
+from mxattention.kernels.targets import current_target, hw_e4m3_cast
 from mxattention.rotation import rotation_block
 
 
@@ -223,6 +217,7 @@ def _qk_prepass_kernel(
     C_MANT=1.0,
     C_EXP=0,
     GROUP=1,
+    BY_BITS: tl.constexpr = True,
 ):
     # FOLD (the fast mode, docs/fast_mode.md): 1 Q^ folded here (`prepass_q_fold8`: E4M3 bytes into
     # Codes, the score factor per row into RowScale, from the KV heads' anchors in Anchors); 2 packed
@@ -252,25 +247,25 @@ def _qk_prepass_kernel(
         if ROTATE:
             x = hadamard_rows(x, BL, DP, ROT_LEVELS, ROT_NORM)
         x3 = tl.reshape(x, [BL, DP // 32, 32])
-        codes, scales, vals = cast_blocks(x3, CEIL, Q_EXP, Q_MANT, 2, ROW_LAYOUT, ELEM)
         if FOLD == 1:  # the values the bf16 output holds, folded with their row's anchor
-            v = tl.reshape(vals, [BL, DP])
-            a = anchor_or_zero(anchor_of(tl.max(finite_abs(v), 1)))
-            tl.store(Codes + base * DP + cols[None, :], e4m3_bytes(fold_values(v, a[:, None]), True))
+            q8, a = fold_rows(x3, CEIL, Q_EXP, Q_MANT, ROW_LAYOUT, BY_BITS)
+            tl.store(Codes + base * DP + cols[None, :], q8)
             kv = (bh // H) * (H // GROUP) + (bh % H) // GROUP  # GQA: this query head's KV head
             ak = anchor_or_zero(tl.load(Anchors + kv))
             tl.store(RowScale + bh.to(tl.int64) * L_PAD + rows, score_factor(C_MANT, C_EXP + a + ak))
-        elif FOLD == 2:  # packed E2M1 bytes and E8M0 bytes of the same cast
-            packed = pack_nibbles(tl.reshape(codes, [BL, DP]), BL, DP)
-            tl.store(Codes + base * (DP // 2) + tl.arange(0, DP // 2)[None, :], packed)
-            tl.store(Scales + base * (DP // 32) + tl.arange(0, DP // 32)[None, :], scales.to(tl.uint8))
-            amax = tl.max(tl.max(tl.max(finite_abs(vals), 2), 1), 0)
-            tl.atomic_max(Anchors + bh, anchor_of(amax), sem="relaxed")  # read by later launches only
-        elif OUT_BF16:
-            tl.store(Codes + base * DP + cols[None, :], tl.reshape(vals, [BL, DP]).to(tl.bfloat16))
-        else:  # E4M3 bytes, one per element
-            tl.store(Codes + base * DP + cols[None, :], tl.reshape(codes, [BL, DP]).to(tl.uint8))
-            tl.store(Scales + base * (DP // 32) + tl.arange(0, DP // 32)[None, :], scales.to(tl.uint8))
+        else:
+            codes, scales, vals = cast_blocks(x3, CEIL, Q_EXP, Q_MANT, 2, ROW_LAYOUT, ELEM)
+            if FOLD == 2:  # packed E2M1 bytes and E8M0 bytes of the same cast
+                packed = pack_nibbles(tl.reshape(codes, [BL, DP]), BL, DP)
+                tl.store(Codes + base * (DP // 2) + tl.arange(0, DP // 2)[None, :], packed)
+                tl.store(Scales + base * (DP // 32) + tl.arange(0, DP // 32)[None, :], scales.to(tl.uint8))
+                amax = tl.max(tl.max(tl.max(finite_abs(vals), 2), 1), 0)
+                tl.atomic_max(Anchors + bh, anchor_of(amax), sem="relaxed")  # read by later launches only
+            elif OUT_BF16:
+                tl.store(Codes + base * DP + cols[None, :], tl.reshape(vals, [BL, DP]).to(tl.bfloat16))
+            else:  # E4M3 bytes, one per element
+                tl.store(Codes + base * DP + cols[None, :], tl.reshape(codes, [BL, DP]).to(tl.uint8))
+                tl.store(Scales + base * (DP // 32) + tl.arange(0, DP // 32)[None, :], scales.to(tl.uint8))
     else:
         # The rotation's 1/sqrt(b) is folded into the cast's block scale (cast.cast_packed).
         if ROTATE:
@@ -390,7 +385,8 @@ class PassPlan:
     `out` what it writes ("packed" E2M1 bytes, "e4m3" bytes, "bf16" values), `rows` per program
     (Gluon: per tile), `warps` per program, `bf16_pairs` (bf16 rows read as int32 pairs),
     `programs` (Gluon: the K^ pass's grid, the Q^ pass's programs per head; `prepass_hopper.k_tiles`
-    / `q_tiles` of the launch's heads)."""
+    / `q_tiles` of the launch's heads), `hw_cast` (the folded Q^ pass: E4M3 bytes by the target's
+    conversion, where `targets.HW_E4M3_CAST` lists it, else built from the bits)."""
 
     kernel: PassKernel
     layout: str
@@ -399,12 +395,14 @@ class PassPlan:
     warps: int = 0
     bf16_pairs: bool = False
     programs: int = 0
+    hw_cast: bool = False
 
     def __str__(self) -> str:
         if self.kernel == "gluon":
             return f"gluon -> {self.out}"
         pairs = ", bf16 pairs" if self.bf16_pairs else ""
-        return f"tl {self.layout} {self.rows} x {self.warps} warps{pairs} -> {self.out}"
+        cast = " (hardware E4M3 cast)" if self.hw_cast else ""
+        return f"tl {self.layout} {self.rows} x {self.warps} warps{pairs} -> {self.out}{cast}"
 
 
 def _bf16_pairs(x: torch.Tensor) -> bool:
@@ -475,9 +473,11 @@ def qk_pass(
     dp = padded_dim(x.shape[-1])
     row_layout = dp <= 64 or (dp <= 128 and not out_bf16)
     rows, warps = _tile("qk_rows" if row_layout else ("qk_tile" if dp <= 128 else "qk_tile_256"), lp, tiles)
+    hw_cast = fold == "q" and hw_e4m3_cast(current_target(x.device))
     return PassPlan(
-        PassKernel.TL, "rows" if row_layout else "tile", out, rows, warps, row_layout and _bf16_pairs(x)
-    )
+        PassKernel.TL, "rows" if row_layout else "tile", out, rows, warps, row_layout and _bf16_pairs(x),
+        hw_cast=hw_cast,
+    )  # fmt: skip
 
 
 def v_pass(
@@ -683,7 +683,7 @@ def prepass_q_fold8(
     c_mant, c_exp = score_scale_parts(scale)
     consts = dict(
         OUT_BF16=False, ELEM="e2m1", FOLD=1, Anchors=kv_anchors, RowScale=rowscale, C_MANT=c_mant, C_EXP=c_exp,
-        GROUP=h // hk, **_rule_args(rule),
+        GROUP=h // hk, BY_BITS=not pass_plan.hw_cast, **_rule_args(rule),
     )  # fmt: skip
     _launch_qk_tl(x, q8, q8, lp, hadamard, pass_plan, consts, None)
     return q8, rowscale

@@ -9,7 +9,7 @@ bf16 pre-passes, then `fold_pass` for Q^, K^, V^), each alone on the outputs of 
 (`triton.testing.do_bench`, median ms), and both makers whole. Writes DIR/fp8_operands_parts.json
 and prints a table. Which step makes the packed maker slower at long keys (1.84 ms against 1.04 at
 16k on the H200) was the first question it answered; the folds' bytes by the hardware cast (as the
-plan takes them on sm_90) against bytes built from the bits, the second.
+plan takes them on sm_90 for the Q^ pass) against bytes built from the bits, the second.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ def steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> di
         prepass_v,
         qk_pass,
     )
-    from mxattention.kernels.targets import current_target, hw_e4m3_cast
 
     b, hk, d = k.shape[0], k.shape[1], v.shape[3]
     size = b * hk * (1 + d)
@@ -58,7 +57,6 @@ def steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> di
     qb = prepass_qk(q, "uos", hadamard=True, out_bf16=True)
     kb = prepass_qk(k, "uos", hadamard=True, out_bf16=True)
     vb = prepass_v(v, "uos", out_bf16=True)
-    hw = hw_e4m3_cast(current_target(q.device))  # the folds' bytes by the hardware cast, as planned
     lqp = padded_len(q.shape[2], 128)
     q_bits = dataclasses.replace(
         qk_pass(q, lqp, hadamard=True, out_bf16=False, elem="e2m1", smoothed=False, fold="q"), hw_cast=False
@@ -71,10 +69,8 @@ def steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> di
         "packed: Q^ fold pass, bytes from bits": lambda: prepass_q_fold8(
             q, "uos", hadamard=True, kv_anchors=ak, scale=scale, pass_plan=q_bits
         ),
-        "packed: K^ fold": lambda: fold_packed(kc, ks, ak, columns=False, hw_cast=hw),
-        "packed: V^ fold": lambda: fold_packed(vc, vs, av, columns=True, slots=True, hw_cast=hw),
-        "packed: K^ fold, bytes from bits": lambda: fold_packed(kc, ks, ak, columns=False),
-        "packed: V^ fold, bytes from bits": lambda: fold_packed(vc, vs, av, columns=True, slots=True),
+        "packed: K^ fold": lambda: fold_packed(kc, ks, ak, columns=False),
+        "packed: V^ fold": lambda: fold_packed(vc, vs, av, columns=True, slots=True),
         "bf16: Q^ pass": lambda: prepass_qk(q, "uos", hadamard=True, out_bf16=True),
         "bf16: K^ pass": lambda: prepass_qk(k, "uos", hadamard=True, out_bf16=True),
         "bf16: V^ pass": lambda: prepass_v(v, "uos", out_bf16=True),

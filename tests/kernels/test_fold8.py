@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from mxattention.formats.fold import fold_anchor
+from mxattention.formats.fold import fold, fold_anchor
 from mxattention.formats.ladders import E2M1
 from mxattention.formats.mx import fake_quantize, pow2
 from mxattention.formats.packing import unpack_uint4
@@ -172,6 +172,24 @@ def test_folds_of_blocks_far_under_their_anchor(gap, device):
     for far in (q8[1, 5, 32:], k8[0, 5, 32:], v8t[0, 3, 32:64]):
         # the values that did not fold by a multiply: E4M3 subnormals (gap 15) and zeros
         assert (far & 0x78).eq(0).all() == (gap > 14) and far.ne(0).any() == (gap < 20)
+
+
+def test_q_fold_of_rows_with_subnormal_blocks(device):
+    """Rows whose block maxima are fp32 subnormals: the block exponent clamps at -127, so a row's top
+    can be 0.5 x 2**-127 and lie 9 binades over its anchor (k = e - a up to 9, not 6). The folded Q^
+    pass equals `formats.fold` of the MX values (fp32 input: no bf16 flush on the interpreter)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 2, 40, 64, generator=g)
+    x = x * torch.exp2(-torch.arange(118, 158, dtype=torch.float32))[:, None]  # rows 2**-118 .. 2**-157
+    x[0, 1, 3, 32:] = 0.0
+    want, want_a = fold(fake_quantize(x, -1, rule="uos"), (-1,))
+    x = x.to(device)
+    anchors = torch.zeros(2, dtype=torch.int32, device=device)
+    q8, _ = prepass_q_fold8(x, "uos", hadamard=False, kv_anchors=anchors, scale=0.125, len_multiple=32)
+    got = q8[..., :40, :].float().cpu()
+    bad = (got != want).nonzero()
+    assert bad.numel() == 0, (bad[:5].tolist(), got[tuple(bad[0])], want[tuple(bad[0])])
+    assert (want_a < -135).any()  # tops of 0.5 x 2**-127 and below: anchors under the clamp
 
 
 def _decode_packed(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

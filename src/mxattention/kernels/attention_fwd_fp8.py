@@ -55,7 +55,6 @@ from mxattention.kernels.fold8 import (
     pow2_bits,
 )
 from mxattention.kernels.online_softmax import finish_lse
-from mxattention.kernels.targets import current_target, hw_e4m3_cast
 
 FP32_TINY_HOST = 2.0**-126  # fp32's smallest normal: the least score factor (`fp8_operands`)
 FOLD_ROWS = 32  # rows per program of the fold passes
@@ -181,7 +180,6 @@ def _fold_packed_kernel(
     BL: tl.constexpr,
     COLUMNS: tl.constexpr,
     SLOTS: tl.constexpr,
-    BY_BITS: tl.constexpr = True,
 ):
     """F = E4M3(x 2**-a) of the MX values x of packed E2M1 codes + E8M0 bytes (`prepass` output),
     decoded exactly (`cast.dequant_e2m1`: the values `prepass(out_bf16=True)` writes, as fp32).
@@ -190,7 +188,7 @@ def _fold_packed_kernel(
     one anchor per column from A [BH, DP], F [BH, DP, L] (SLOTS: keys in `key_slot` order within
     each block of 32); the first program of each head writes ColScale [BH, DP] = 2**a (fp32, the
     host's `pow2_f32`). A holds the pre-pass's atomic maxima (NO_ANCHOR: a group of zeros, folded
-    with 0). Each program: BL rows of K^ or BL keys of V^. BY_BITS: `fold8.fold_decoded`'s."""
+    with 0). Each program: BL rows of K^ or BL keys of V^."""
     pid = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     if COLUMNS:
@@ -200,7 +198,7 @@ def _fold_packed_kernel(
         codes = tl.load(Codes + crow + tl.arange(0, BL // 2)[None, :])
         scales = tl.load(Scales + srow + tl.arange(0, BL // 32)[None, :])
         a = anchor_or_zero(tl.load(A + bh * DP + tl.arange(0, DP)))
-        f = fold_decoded(decode_e2m1(codes, DP, BL), scales, a, DP, BL, BY_BITS)  # [DP, BL]
+        f = fold_decoded(decode_e2m1(codes, DP, BL), scales, a, DP, BL, True)  # [DP, BL]
         if SLOTS:
             f = in_key_slots(f)
         tl.store(F + (bh * DP + d) * L + pid * BL + tl.arange(0, BL)[None, :], f)
@@ -211,7 +209,7 @@ def _fold_packed_kernel(
         codes = tl.load(Codes + rows * (DP // 2) + tl.arange(0, DP // 2)[None, :])
         scales = tl.load(Scales + rows * (DP // 32) + tl.arange(0, DP // 32)[None, :])
         a = anchor_or_zero(tl.load(A + bh)) + tl.zeros([BL], tl.int32)
-        f = fold_decoded(decode_e2m1(codes, BL, DP), scales, a, BL, DP, BY_BITS)
+        f = fold_decoded(decode_e2m1(codes, BL, DP), scales, a, BL, DP, True)
         tl.store(F + rows * DP + tl.arange(0, DP)[None, :], f)
 
 
@@ -222,16 +220,15 @@ def fold_packed(
     *,
     columns: bool,
     slots: bool = False,
-    hw_cast: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(F, colscale) from the anchored pre-pass's packed K^ (`prepass.prepass_k_anchored`: codes
     [B, H, Lp, Dp / 2], anchors [B * H]; F [B, H, Lp, Dp], colscale None) or V^
     (`prepass.prepass_v(anchors=...)`, columns: codes [B, H, Dp, Lp / 2], anchors [B * H * Dp]; F
     [B, H, Dp, Lp] with `slots` as `fold_pass`, colscale fp32 [B, H, Dp] = 2**a_v): the bytes
     `fold_pass` makes from the bf16 pre-pass, bit for bit, from 0.53 bytes per element instead of 2
-    (and no anchor pass: the pre-pass's atomic maxima). `hw_cast`: the bytes by the target's E4M3
-    conversion (`prepass.PassPlan.hw_cast`, the same bytes; only where `targets.HW_E4M3_CAST` lists
-    the GPU)."""
+    (and no anchor pass: the pre-pass's atomic maxima). The bytes are built from the bits: Triton
+    3.6's fp32 -> E4M3 conversion wrote 0 for some values of these tiles at head dim 32 on the H200
+    (2026-12-04), where the Q^ pass's row layout converts right (`prepass.PassPlan.hw_cast`)."""
     b, h = codes.shape[:2]
     dp = 32 * scales.shape[3] if not columns else codes.shape[2]
     lp = codes.shape[2] if not columns else 2 * codes.shape[3]
@@ -246,7 +243,7 @@ def fold_packed(
     bl = 2 * FOLD_ROWS if columns and lp % (2 * FOLD_ROWS) == 0 else FOLD_ROWS
     _fold_packed_kernel[(lp // bl, b * h)](
         codes, scales, f, anchors, f if colscale is None else colscale, lp, DP=dp, BL=bl, COLUMNS=columns,
-        SLOTS=slots, BY_BITS=not hw_cast,
+        SLOTS=slots,
     )  # fmt: skip
     return f, colscale
 
@@ -600,10 +597,8 @@ def fp8_operands_from_inputs(
         query, q_rule, hadamard=hadamard, kv_anchors=ak, scale=scale, len_multiple=q_len_multiple,
         pass_plan=q_pass,
     )  # fmt: skip
-    # The bytes by the hardware cast where the plan's Q^ pass takes it (or, unplanned, the target lists it).
-    hw = q_pass.hw_cast if q_pass is not None else hw_e4m3_cast(current_target(key.device))
-    k8, _ = fold_packed(kc, ks, ak, columns=False, hw_cast=hw)
-    v8t, colscale = fold_packed(vc, vs, av, columns=True, slots=slots, hw_cast=hw)
+    k8, _ = fold_packed(kc, ks, ak, columns=False)
+    v8t, colscale = fold_packed(vc, vs, av, columns=True, slots=slots)
     return q8, rowscale, k8, v8t, colscale
 
 
@@ -681,6 +676,7 @@ def build_fp8(target, d: int = 128, n: int = 16384, heads: int = 40, causal: boo
     from mxattention.kernels.plan import launch_config
     from mxattention.kernels.prepass import padded_dim, padded_len
     from mxattention.kernels.rules import rule_constants
+    from mxattention.kernels.targets import hw_e4m3_cast
 
     cfg = get_method("mxattention-fast")
     bm, _path, _layout, warps, stages, _opts = launch_config(target, d, d, "bf16")

@@ -99,8 +99,10 @@ def fold_rows(x3, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constexpr,
         tl.float32, bitcast=True
     )
     if tl.max(((top > 0) & (k < -8)).to(tl.int32)) == 0:
-        # r 2**k signed; fma(., ., +0) turns -0 into +0 as fold_values does (NaN blocks: NaN).
-        f2k = tl.where(bad, float("nan"), exp2_int(tl.minimum(tl.maximum(k, -8), 8)))
+        # r 2**k signed; fma(., ., +0) turns -0 into +0 as fold_values does (NaN blocks: NaN). k tops
+        # out at 9 (a row whose block exponents clamp at -127: top 0.5 x 2**-127); zero blocks hold 0
+        # under any factor, so k is only clamped into exp2_int's range.
+        f2k = tl.where(bad, float("nan"), exp2_int(tl.minimum(tl.maximum(k, -8), 64)))
         out = e4m3_bytes(tl.reshape(tl.fma(signed, f2k[:, :, None], 0.0), [R, NB * 32]), BY_BITS)
     else:
         # cast_blocks' vals ((r 2**e) | sign equals (r | sign) 2**e; NaN blocks NaN), folded.
@@ -114,8 +116,7 @@ def fold_decoded(v, scales, a, R: tl.constexpr, C: tl.constexpr, BY_BITS: tl.con
     """float8e4nv bytes [R, C] of packed E2M1 values decoded to v = value 2**-14 (fp32 [R, C], signed:
     `cast.dequant_e2m1`'s first step) with E8M0 bytes `scales` [R, C / 32] along the last axis, each
     row folded with its anchor a [R] (int32, `anchor_or_zero`'s): bit for bit
-    `e4m3_bytes(fold_values(dequant_e2m1(...), a), True)`; BY_BITS False (the GPU) converts by the
-    target's instruction, as `fold_rows`. Where every block lies at most 8 binades under its anchor
+    `e4m3_bytes(fold_values(dequant_e2m1(...), a), True)` (BY_BITS as `e4m3_bytes`'). Where every block lies at most 8 binades under its anchor
     (or holds NaN) one multiply by 2**(e - a + 14) gives each folded value exactly; else the tile
     decodes and rounds as `fold_values`."""
     nan = scales == 255

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import mxattention as mx
-from mxattention.kernels import plan as kplan
+from mxattention.kernels import builds
 from mxattention.kernels._triton import tl, triton
 from mxattention.kernels.cast import e4m3_round, e4m3_round_hw
 from mxattention.ops import errors as op
@@ -99,9 +99,9 @@ def test_gluon_k_pass_equals_tl_kernel(case, rule, monkeypatch):
     x = x.clamp(-6e4, 6e4).half() if case == "fp16" else x.bfloat16()
     assert prepass_hopper.usable(x, 1024 if n == 1000 else n, hadamard=True)
     # This test's builds only (another test's recorded tl forward fallback is not a Gluon pass's).
-    monkeypatch.setattr(kplan, "_BUILD_FAILURES", {})
+    monkeypatch.setattr(builds, "FAILURES", {})
     fast = prepass_qk(x, rule, hadamard=True, out_bf16=True)
-    assert not kplan._BUILD_FAILURES  # the Gluon pass built (else the planner fell back to tl)
+    assert not builds.FAILURES  # the Gluon pass built (else the planner fell back to tl)
     monkeypatch.setattr(prepass_hopper, "usable", lambda *a, **k: False)
     slow = prepass_qk(x, rule, hadamard=True, out_bf16=True)
     assert torch.equal(fast.view(torch.int16), slow.view(torch.int16))
@@ -152,7 +152,7 @@ def test_gluon_q_pass_equals_mx_quantize(case, rule, monkeypatch):
     lp = -(-n // 128) * 128
     assert prepass_hopper.usable_q(x, lp, hadamard=True)
     codes, scales = prepass_qk(x, rule, hadamard=True)
-    assert not kplan._BUILD_FAILURES  # the Gluon pass built (else the planner fell back to tl)
+    assert not builds.FAILURES  # the Gluon pass built (else the planner fell back to tl)
     ref = mx_quantize(rotate(x.float()), axis=-1, rule=rule)
     assert torch.equal(codes[..., :n, :], ref.data) and torch.equal(scales[..., :n, :], ref.scales)
     assert (codes[..., n:, :] == 0).all() and (scales[..., n:, :] == 127).all()
@@ -188,7 +188,7 @@ def test_gluon_q_pass_with_smoothing_equals_tl_kernel(case, monkeypatch):
     lp = -(-n // 128) * 128
     assert qk_pass(x, lp, hadamard=True, out_bf16=False, elem="e2m1", smoothed=True).kernel == "gluon"
     codes, scales = prepass_qk(x, "uos", hadamard=True, q_mean=(qm, 128))
-    assert not kplan._BUILD_FAILURES  # the Gluon pass built (else the planner fell back to tl)
+    assert not builds.FAILURES  # the Gluon pass built (else the planner fell back to tl)
     per_row = q_block_means(x, 128)
     ref = mx_quantize(rotate(x.float() - per_row), axis=-1, rule="uos")
     assert torch.equal(codes[..., :n, :], ref.data) and torch.equal(scales[..., :n, :], ref.scales)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mxattention.attention.config import get_method
-from mxattention.kernels import HAS_TRITON, targets
+from mxattention.kernels import HAS_TRITON, builds, targets
 from mxattention.kernels._triton import kernels_interpreted
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="launch specs need Triton")
@@ -26,7 +26,7 @@ def planner(monkeypatch):
     from mxattention.kernels import plan
 
     monkeypatch.setattr(plan, "_PLANS", {})
-    monkeypatch.setattr(plan, "_BUILD_FAILURES", {})
+    monkeypatch.setattr(builds, "FAILURES", {})
     monkeypatch.setenv("MXATTENTION_CPU_KERNELS", "1")
     return plan
 
@@ -158,7 +158,7 @@ def test_a_stage_overflow_is_recorded_once_and_planned_one_stage_fewer(planner, 
     monkeypatch.setattr(attention_fwd, "_mx_attention_fwd_kernel", spy)
     got = fused.run_plan(planner.cached_plan("mxattention", q, k, v, 0.125), q, k, v)
     assert [kw["num_stages"] for kw in spy.launches] == list(range(stages, 0, -1))
-    assert sorted(s.num_stages for s in planner._BUILD_FAILURES) == list(range(2, stages + 1))
+    assert sorted(s.num_stages for s in builds.FAILURES) == list(range(2, stages + 1))
     assert got.out.shape == q.shape and torch.isfinite(got.lse).all()
     spy.launches.clear()
     p = planner.cached_plan("mxattention", q, k, v, 0.125)
@@ -326,7 +326,7 @@ def test_describe_prints_the_fitted_stages(planner):
     first = planner.plan_call(get_method("mxattention"), q, k, v, scale=0.125)
     assert first.fwd_kernel == "tl" and first.num_stages == first.fwd.num_stages >= 2
     assert f"{first.num_stages} stages" in first.describe() and "asked" not in first.describe()
-    planner.record_build_failure(BuildFailure(first.fwd, "OutOfResources: shared memory"))
+    builds.record(BuildFailure(first.fwd, "OutOfResources: shared memory"))
     again = planner.plan_call(get_method("mxattention"), q, k, v, scale=0.125)
     assert again.fwd.num_stages == first.num_stages - 1
     assert f"{again.fwd.num_stages} stages (asked {first.num_stages}" in again.describe()

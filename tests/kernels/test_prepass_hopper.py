@@ -12,6 +12,7 @@ import textwrap
 import pytest
 import torch
 
+from mxattention.kernels import builds as build_record
 from mxattention.kernels import prepass_hopper, targets
 from mxattention.kernels._triton import kernels_interpreted
 
@@ -181,7 +182,7 @@ def test_build_failure_raises_from_the_launcher_and_is_recorded_once_by_the_plan
     monkeypatch.setattr(prepass_hopper, "_q_packed_kernel", Unbuildable())
     monkeypatch.setattr(prepass_hopper, "sm_count", lambda device: 132)
     monkeypatch.setattr(prepass_hopper, "_built", set())
-    monkeypatch.setattr(plan, "_BUILD_FAILURES", {})
+    monkeypatch.setattr(build_record, "FAILURES", {})
     monkeypatch.setattr(plan, "_PLANS", {})
     monkeypatch.setenv("MXATTENTION_CPU_KERNELS", "1")
     q, k, v = (torch.randn(1, 1, 32, 128).to(torch.bfloat16) for _ in range(3))
@@ -191,13 +192,13 @@ def test_build_failure_raises_from_the_launcher_and_is_recorded_once_by_the_plan
     rule = {"CEIL": True, "Q_EXP": 2, "Q_MANT": 0}
     with pytest.raises(BuildFailure, match="PassManager::run failed") as failure:
         prepass_hopper.prepass_q_packed(q, codes, scales, 128, 128**-0.5, 122, rule)
-    assert failure.value.what == "q_packed" and not plan._BUILD_FAILURES and Unbuildable.builds == 1
+    assert failure.value.what == "q_packed" and not build_record.FAILURES and Unbuildable.builds == 1
     monkeypatch.setattr(prepass_hopper, "usable_q", lambda *a, **k: True)  # as on an sm_90 GPU
     first = plan.cached_plan("mxattention", q, k, v, 0.1)
     assert first.chunks[0].q_pass.kernel == first.chunks[0].k_pass.kernel == "gluon"
     with pytest.warns(RuntimeWarning, match="PassManager::run failed"):
         out = fused.run_plan(first, q, k, v)
-    assert list(plan._BUILD_FAILURES) == ["q_packed"] and Unbuildable.builds == 2
+    assert list(build_record.FAILURES) == ["q_packed"] and Unbuildable.builds == 2
     assert torch.equal(out.out, ref.out) and torch.equal(out.lse, ref.lse)
     again = plan.cached_plan("mxattention", q, k, v, 0.1)
     assert (

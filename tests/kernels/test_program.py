@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import mxattention
-from mxattention.kernels import HAS_TRITON, program
+from mxattention.kernels import HAS_TRITON, builds, program
 from mxattention.kernels import plan as kplan
 from mxattention.kernels._triton import kernels_interpreted
 from mxattention.kernels.plan import CPU_KERNELS_ENV
@@ -27,7 +27,7 @@ INTERPRETED = pytest.mark.skipif(not kernels_interpreted(), reason="CPU tensors'
 @pytest.fixture(autouse=True)
 def _kernels(monkeypatch):
     monkeypatch.setattr(kplan, "_PLANS", {})
-    monkeypatch.setattr(kplan, "_BUILD_FAILURES", {})  # what a test's build fallback records stays its own
+    monkeypatch.setattr(builds, "FAILURES", {})  # what a test's build fallback records stays its own
     monkeypatch.setenv(CPU_KERNELS_ENV, "1")
     monkeypatch.delenv(program.PROGRAMS_ENV, raising=False)
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import mxattention
+from mxattention.kernels import builds, program
 from mxattention.kernels import plan as kplan
-from mxattention.kernels import program
 from mxattention.kernels._triton import HAS_TRITON, kernels_interpreted
 from mxattention.kernels.plan import CPU_KERNELS_ENV
 from mxattention.ops import call, entry
@@ -28,7 +28,7 @@ SHAPE = (1, 2, 40, 32)
 @pytest.fixture(autouse=True)
 def _kernels(monkeypatch):
     monkeypatch.setattr(kplan, "_PLANS", {})
-    monkeypatch.setattr(kplan, "_BUILD_FAILURES", {})
+    monkeypatch.setattr(builds, "FAILURES", {})
     monkeypatch.setenv(CPU_KERNELS_ENV, "1")
     monkeypatch.delenv(program.PROGRAMS_ENV, raising=False)
 

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mxattention.kernels import builds
 from mxattention.kernels._triton import tl, triton
 from mxattention.kernels.cast import (
     dequant_mx,
@@ -432,8 +433,6 @@ def mx_attention_fwd(
     plan's caller); without, `fwd_calls`'s (the spec is planned from them, and a build past shared
     memory is recorded by the planner and planned again with one stage fewer). `slot`: the launch's
     slot in a cached plan (`launch.launch`)."""
-    from mxattention.kernels.plan import record_build_failure
-
     while True:
         if spec is None:
             lse, calls = fwd_calls(q_packed, k_packed, v_packed, **kwargs)
@@ -446,7 +445,7 @@ def mx_attention_fwd(
         except BuildFailure as failure:
             if spec is not None:  # a plan's spec: its caller (`fused.run_plan`) plans again
                 raise
-            record_build_failure(failure)  # fwd_calls plans one stage fewer (`plan.fitted`)
+            builds.record(failure)  # fwd_calls plans one stage fewer (`builds.fitted`)
 
 
 def fwd_calls(
@@ -622,7 +621,7 @@ def fwd_launches(
 def _launch(call: FwdCall, device: torch.device, slot: tuple[dict, object] | None = None) -> None:
     """Launch `call` as its spec says. A build that overflows shared memory raises
     `specs.BuildFailure(spec)` (stages > 1): the planner records it and plans one stage fewer
-    (`plan.fitted`); nothing here remembers it."""
+    (`builds.fitted`); nothing here remembers it."""
     from triton.runtime.errors import OutOfResources
 
     spec = call.spec

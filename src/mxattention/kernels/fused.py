@@ -17,7 +17,7 @@ import torch
 
 from mxattention.attention.config import AttentionConfig
 from mxattention.attention.reference import cast_output
-from mxattention.kernels import program
+from mxattention.kernels import builds, program
 from mxattention.kernels.plan import (
     CPU_KERNELS_ENV,
     F32_MAX,
@@ -31,7 +31,6 @@ from mxattention.kernels.plan import (
     kv_heads_per_chunk,
     launch_config,
     plan_call,
-    record_build_failure,
     replan,
     scale_reason,
     smoothing_heads_per_chunk,
@@ -198,7 +197,7 @@ def run_plan(
                 got = _run_dense(plan, query, key, value, mask=mask, is_causal=is_causal)
             return FusedOutput(cast_output(got.out, query.dtype), got.lse, got.p_hat)
         except BuildFailure as failure:
-            record_build_failure(failure)
+            builds.record(failure)
             fallback = replan(plan, query, key, value, mask=mask, is_causal=is_causal)
             if fallback == plan:  # nothing left to fall back to
                 raise

@@ -28,9 +28,10 @@ import torch
 from mxattention.attention.config import AttentionConfig
 from mxattention.attention.reference import cast_output
 from mxattention.attention.varlen import per_sequence
+from mxattention.kernels import builds
 from mxattention.kernels._triton import kernels_interpreted
 from mxattention.kernels.fused import fused_attention, scaled_operands
-from mxattention.kernels.plan import KernelPlan, fitted, plan_call, record_build_failure, varlen_reason
+from mxattention.kernels.plan import KernelPlan, plan_call, varlen_reason
 from mxattention.kernels.specs import BuildFailure
 
 VARLEN_KERNEL_ENV = "MXATTENTION_VARLEN_KERNEL"
@@ -176,7 +177,7 @@ def fused_varlen_attention(
                 )[0]
                 break
             except BuildFailure as failure:  # past shared memory: the planner's one stage fewer
-                record_build_failure(failure)
-                spec = fitted(spec)
+                builds.record(failure)
+                spec = builds.fitted(spec)
         del qp, kp, vp  # freed before the next group's pre-pass allocates
     return cast_output(out, q.dtype), lse  # the kernel saturates its own stores likewise

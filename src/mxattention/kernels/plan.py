@@ -8,8 +8,8 @@ operands exist), and the predicates and rules the plan is made of: `unsupported_
 `chunk_bytes`, `chunk_streams_for`, `recoverable_waves`, `default_matrix_path`, `cpu_kernels_requested`; it asks `prepass.qk_pass` /
 `prepass.v_pass` (each pass's kernel and tiles) and `attention_fwd_hopper.fwd_kernel_for`. The
 forward's launch spec (`specs.FwdSpec`: every constexpr) is decided here (`tl_fwd_spec`,
-`gluon_fwd_spec`), and so is what a build failure changes (`record_build_failure`, `fitted`,
-`replan`). The plan cache lives here too: `plan_key`, `cached_plan` (a cached plan also holds the
+`gluon_fwd_spec`), and so is the plan made again after a build failure (`replan`; the record is
+`builds`'). The plan cache lives here too: `plan_key`, `cached_plan` (a cached plan also holds the
 launch table of its compiled kernels, `launch.launch`), `kernel_plan`.
 
 `fused.fused_attention` and `fused_varlen.fused_varlen_attention` execute a plan; the custom ops
@@ -27,19 +27,19 @@ import functools
 import math
 import os
 import struct
-import warnings
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from mxattention.attention.config import AttentionConfig
 from mxattention.attention.keys import config_from_key
+from mxattention.kernels import builds
 from mxattention.kernels._triton import HAS_TRITON, kernels_interpreted, sm_count
 from mxattention.kernels.attention_fwd_fp8 import HW_P_CAST, fp8_reason
 from mxattention.kernels.online_softmax import LOG2E
 from mxattention.kernels.prepass import PassPlan, padded_dim, padded_len, qk_pass, v_pass, varlen_v_len
 from mxattention.kernels.rules import KERNEL_ELEMS, rule_constants
-from mxattention.kernels.specs import BuildFailure, FwdKernel, FwdSpec, KVLayout, MatrixPath, PlanOverrides
+from mxattention.kernels.specs import FwdKernel, FwdSpec, KVLayout, MatrixPath, PlanOverrides
 from mxattention.kernels.targets import (
     Target,
     chunk_streams_min_gain,
@@ -304,35 +304,6 @@ def chunk_streams_for(
     return 2 if requested == 2 and chunks >= 2 and kv_heads >= 2 else 1
 
 
-# What did not build in this process (the planner's record, `record_build_failure`): a Gluon pass's
-# name or a `tl` forward spec that overflowed shared memory -> why. The plans made after it take the
-# fallback (`plan_call` reads it; `plan_key` holds its size, so a cached plan is made again).
-_BUILD_FAILURES: dict[object, str] = {}
-
-
-def record_build_failure(failure: BuildFailure) -> None:
-    """Record what a launcher could not build (once; a Gluon pass with one warning naming the error)."""
-    import triton
-
-    if failure.what in _BUILD_FAILURES:
-        return
-    _BUILD_FAILURES[failure.what] = failure.reason
-    if isinstance(failure.what, str):
-        warnings.warn(
-            f"mxattention: the Gluon {failure.what} pre-pass does not build with Triton {triton.__version__} "
-            f"({failure.reason[:300]}); using the tl kernel (same bytes, ~10 % slower pass)",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-
-
-def fitted(spec: FwdSpec) -> FwdSpec:
-    """`spec` with num_stages lowered past every build of it that overflowed shared memory here."""
-    while spec in _BUILD_FAILURES and spec.num_stages > 1:
-        spec = replace(spec, num_stages=spec.num_stages - 1)
-    return spec
-
-
 def pass_tiles(overrides: tuple[tuple[str, tuple[int, int]], ...] = ()) -> dict[str, tuple[int, int]]:
     """The pre-pass tiles: `prepass.PREPASS_TILES` with `overrides` (`PlanOverrides.prepass_tiles`)."""
     from mxattention.kernels.prepass import PREPASS_TILES
@@ -417,7 +388,7 @@ def tl_fwd_spec(
         # The interpreter's exp2 keeps subnormals; NVIDIA's flushes them (`cast.exp2_ftz`).
         EXP_FLUSH=interpreted,
     )
-    return fitted(
+    return builds.fitted(
         FwdSpec(FwdKernel.TL, tuple(constexprs.items()), num_warps, num_stages, tuple(compile_options))
     )
 
@@ -600,7 +571,7 @@ class KernelPlan:
         ops.update(zero_q=", Q times 0", zero_k=", K times 0")
         stages = f"{self.num_stages} stages"
         if self.fwd is not None and self.fwd.kernel == "tl" and self.fwd.num_stages != self.num_stages:
-            stages = f"{self.fwd.num_stages} stages (asked {self.num_stages}: shared memory, `fitted`)"
+            stages = f"{self.fwd.num_stages} stages (asked {self.num_stages}: shared memory, `builds.fitted`)"
         tiles = f"BM {self.block_m} x BN {self.block_n}, {self.num_warps} warps, {stages}{opts}"
         if self.fwd_kernel == "gluon":  # its own launch: the tl tiles above are not what runs
             from mxattention.kernels import attention_fwd_hopper as hopper
@@ -783,7 +754,7 @@ def plan_call(
     ranges = _chunk_ranges(b, bstep, hk, step)
     gluon_q = not blk or len(ranges) <= SMOOTH_Q_GLUON_MAX_CHUNKS
     tiles = pass_tiles(o.prepass_tiles)
-    broken = frozenset(k for k in _BUILD_FAILURES if isinstance(k, str))  # Gluon passes that did not build
+    broken = builds.broken_passes()
     passes = dict(hadamard=cfg.hadamard, elem=qe, tiles=tiles, broken=broken)
     if cfg.mma != "fp8":
         q_kw = dict(out_bf16=False, smoothed=blk > 0, gluon=gluon_q)
@@ -928,10 +899,10 @@ def plan_key(
     shape, strides and base alignment (a pass's kernel reads 16-byte alignment and bf16 pairs; Triton
     specializes on it, so a cached plan's compiled kernels fit every call of its key), the mask's
     layout and alignment, causality, the scale, the interpreter switch and the builds that failed in this
-    process (`record_build_failure`)."""
+    process (`builds.record`)."""
     # One flat tuple (hashed per call: host time), the CPU-kernels switch only where it decides.
     device = query.device
-    env = (cpu_kernels_requested() if device.type != "cuda" else None, len(_BUILD_FAILURES))
+    env = (cpu_kernels_requested() if device.type != "cuda" else None, len(builds.FAILURES))
     masked = None if mask is None else (mask.dtype, mask.shape, mask.stride(), mask.data_ptr() & 15)
     q, k, v = query, key, value
     return (

@@ -46,7 +46,7 @@ import torch
 
 from mxattention.formats.constants import MX_BLOCK_SIZE
 from mxattention.formats.scale_rules import ScaleRule
-from mxattention.kernels import prepass_hopper
+from mxattention.kernels import builds, prepass_hopper
 from mxattention.kernels._triton import sm_count, tl, triton
 from mxattention.kernels.cast import bf16_pair_floats, cast_blocks, cast_packed, pack_nibbles
 from mxattention.kernels.fold8 import anchor_of, anchor_or_zero, finite_abs, fold_rows, score_factor
@@ -441,7 +441,7 @@ def qk_pass(
     `tl` kernel, with each row in one thread except where its loads cost more than its
     instructions save (bf16 output at DP = 128) or a row is too long for one thread (DP = 256).
     `tiles`: the `tl` kernels' (rows, warps) table; `broken`: the Gluon passes ("k_bf16", "q_packed")
-    that did not build in this process (`plan.record_build_failure`); `heads`: the launch's B x H
+    that did not build in this process (`builds.record`); `heads`: the launch's B x H
     when it runs on a chunk of x (default: all of x's), which the Gluon passes' tiles follow.
     `fold` (the fast mode, E2M1 only): "q" Q^ folded into E4M3 in the pass (`prepass_q_fold8`,
     out "folded"), "k" packed K^ with its head's anchor (`prepass_k_anchored`, out "packed+anchor"):
@@ -528,9 +528,7 @@ def _rule_args(rule: str | float | ScaleRule, elem: str = "e2m1") -> dict:
 
 def _default_qk_pass(x: torch.Tensor, lp: int, hadamard: bool, out_bf16: bool, elem: str, smoothed: bool):
     """`qk_pass` as the planner asks it (the Gluon passes that did not build here excluded)."""
-    from mxattention.kernels.plan import _BUILD_FAILURES
-
-    broken = frozenset(k for k in _BUILD_FAILURES if isinstance(k, str))
+    broken = builds.broken_passes()
     return qk_pass(x, lp, hadamard=hadamard, out_bf16=out_bf16, elem=elem, smoothed=smoothed, broken=broken)
 
 
@@ -555,7 +553,7 @@ def prepass_qk(
     block): Q smoothing, x - qm of each row's block before the rotation. `pass_plan`: the kernel
     and tiles (`qk_pass`, which `plan.plan_call` and the default ask); a planned Gluon pass that
     does not build raises `specs.BuildFailure` (the planner's caller plans the fallback), the
-    default one is recorded (`plan.record_build_failure`) and the `tl` pass runs. `slot`: the
+    default one is recorded (`builds.record`) and the `tl` pass runs. `slot`: the
     launch's slot in a cached plan (`launch.launch`).
     """
     b, h, n, d = x.shape
@@ -589,9 +587,7 @@ def prepass_qk(
         except BuildFailure as failure:
             if planned:  # the plan's caller records it and plans the fallback (`plan.replan`)
                 raise
-            from mxattention.kernels.plan import record_build_failure
-
-            record_build_failure(failure)
+            builds.record(failure)
             pass_plan = _default_qk_pass(x, lp, hadamard, out_bf16, elem, q_mean is not None)
     consts = dict(
         OUT_BF16=out_bf16,

@@ -390,7 +390,7 @@ def _launch(
     """Launch a Gluon kernel (compile `options`: num_warps, maxnreg), built first without launching
     so that a build failure (Gluon's API and passes move between Triton releases) raises
     `specs.BuildFailure(name, why)` before anything runs; the planner records it and plans the `tl`
-    pass (`plan.record_build_failure`). `slot`: the launch's slot in a cached plan (`launch.launch`:
+    pass (`builds.record`). `slot`: the launch's slot in a cached plan (`launch.launch`:
     built and launched once, then launched directly)."""
     if slot is None or slot[1] not in slot[0]:
         key = (name, dtype, tuple(sorted(consts.items())))

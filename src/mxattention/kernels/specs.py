@@ -93,7 +93,7 @@ class FwdSpec:
 class BuildFailure(RuntimeError):
     """A launch whose kernel did not build here: a Gluon build error (`what`: the pass's name) or a
     `tl` forward that overflows shared memory (`what`: its `FwdSpec`). Launchers raise it and
-    mutate nothing; the planner records it once (`plan.record_build_failure`) and plans the fallback
+    mutate nothing; the planner records it once (`builds.record`) and plans the fallback
     (the `tl` pass, one pipeline stage fewer)."""
 
     def __init__(self, what: str | FwdSpec, reason: str):

@@ -424,7 +424,7 @@ def speed_shape(name: str, shape, rep_ms: float, warmup_s: float, log) -> dict:
 
     def gluon_kernel(**constexprs):
         from mxattention.kernels import attention_fwd_hopper_fp8 as fast
-        from mxattention.kernels.plan import gluon_fp8_fwd_spec
+        from mxattention.kernels.attention_fwd_hopper_fp8 import gluon_fp8_fwd_spec
         from mxattention.kernels.specs import FwdSpec
 
         spec = gluon_fp8_fwd_spec(p_rule=p_rule, pnq=True, out_dtype=torch.bfloat16,

@@ -30,8 +30,8 @@ def summarize_fast_gluon(target=None, **constexprs) -> dict:
 
     from mxattention.attention.config import get_method
     from mxattention.kernels import attention_fwd_hopper_fp8 as fast
+    from mxattention.kernels.attention_fwd_hopper_fp8 import gluon_fp8_fwd_spec
     from mxattention.kernels.codegen import _last, _sass_loops, compile_offline, disassemble, wgmma_serialized
-    from mxattention.kernels.plan import gluon_fp8_fwd_spec
     from mxattention.kernels.rules import rule_constants
     from mxattention.kernels.specs import FwdSpec
     from mxattention.kernels.targets import SM_90A

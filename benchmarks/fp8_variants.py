@@ -44,7 +44,7 @@ def time_shape(shape, variants: list[str], rep_ms: float, log, with_calls: bool 
     from mxattention.attention.config import get_method
     from mxattention.kernels import attention_fwd_hopper_fp8 as fast
     from mxattention.kernels.attention_fwd_fp8 import fp8_operands_via_bf16
-    from mxattention.kernels.plan import gluon_fp8_fwd_spec
+    from mxattention.kernels.attention_fwd_hopper_fp8 import gluon_fp8_fwd_spec
     from mxattention.kernels.rules import rule_constants
 
     h, lq, lk, d = shape

@@ -111,7 +111,7 @@ def test_the_launch_reads_the_spec_not_the_old_globals(planner, monkeypatch):
                     reason="this Triton has no Gluon")  # fmt: skip
 def test_the_gluon_launch_reads_the_spec_not_the_old_globals(planner, monkeypatch):
     """The Gluon forward's ring (STAGES), producer registers (PRODUCER_REGS_CORR with Q smoothing), O
-    by TMA (OUT_TMA) and P~'s hardware cast are the plan's (`plan.gluon_fwd_spec`); its launcher
+    by TMA (OUT_TMA) and P~'s hardware cast are the plan's (`attention_fwd_hopper.gluon_fwd_spec`); its launcher
     builds the same launch whatever the module flags say afterwards."""
     from mxattention.kernels import attention_fwd_hopper as hopper
 

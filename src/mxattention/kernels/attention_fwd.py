@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import torch
 
 from mxattention.kernels import builds
-from mxattention.kernels._triton import tl, triton
+from mxattention.kernels._triton import kernels_interpreted, tl, triton
 from mxattention.kernels.cast import (
     dequant_mx,
     elem_code,
@@ -60,7 +60,8 @@ from mxattention.kernels.cast import (
 from mxattention.kernels.launch import launch
 from mxattention.kernels.online_softmax import LOG2E, LOG2E_C, finish_lse, finish_o, p_tile
 from mxattention.kernels.prepass import varlen_v_start
-from mxattention.kernels.specs import BuildFailure, FwdKernel, FwdSpec
+from mxattention.kernels.rules import KERNEL_ELEMS
+from mxattention.kernels.specs import BuildFailure, FwdKernel, FwdSpec, MatrixPath
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 GRID_Z_MAX = 65535  # CUDA's third grid axis: varlen launches hold at most this many sequences
@@ -500,8 +501,6 @@ def fwd_calls(
     returned lse [1, Hq, total_q]; Q^ / K^ are in token order, V^ in the `prepass.varlen_v_start`
     layout (`prepass_v(..., varlen=...)`). One launch per GRID_Z_MAX sequences.
     """
-    from mxattention.kernels.plan import tl_fwd_spec
-
     kv_bf16 = isinstance(k_packed, torch.Tensor)
     spec = tl_fwd_spec(
         block_m=block_m,
@@ -548,7 +547,7 @@ def fwd_launches(
     smooth_q: tuple[torch.Tensor, int] | None = None,
     lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[FwdCall]]:
-    """(lse, the launches) of `spec` (`plan.tl_fwd_spec`) on these tensors (see `fwd_calls`): reads
+    """(lse, the launches) of `spec` (`tl_fwd_spec`) on these tensors (see `fwd_calls`): reads
     the spec and the tensors, nothing else. `lse`: a contiguous fp32 [B, Hq, Lq] to write (default
     a new one)."""
     c = spec.constants
@@ -636,3 +635,70 @@ def _launch(call: FwdCall, device: torch.device, slot: tuple[dict, object] | Non
         if call.num_stages <= 1:
             raise
         raise BuildFailure(spec, f"{type(err).__name__}: {err}") from err
+
+
+def tl_fwd_spec(
+    *,
+    block_m: int,
+    block_n: int,
+    dq: int,
+    dvp: int,
+    p_rule: tuple[bool, int, int],
+    pnq: bool,
+    matrix_path: str,
+    kv_bf16: bool,
+    out_dtype: torch.dtype,
+    num_warps: int,
+    num_stages: int,
+    compile_options: tuple[tuple[str, int], ...] = (),
+    is_causal: bool = False,
+    mask_dtype: torch.dtype | None = None,
+    debug_p: bool = False,
+    varlen: bool = False,
+    p_elem: str = "e2m1",
+    v_elem: str = "e2m1",
+    qk_elem: str = "e2m1",
+    p_cvt: bool = False,
+    smooth_q_block: int = 0,
+    interpreted: bool | None = None,
+) -> FwdSpec:
+    """The `attention_fwd` launch of a call: every constexpr decided here (`dq` Q^ / K^'s padded head
+    dim, `dvp` V^'s; `mask_dtype` None for no mask; `interpreted` None: `kernels_interpreted()`, which
+    sets fp32 products (DOT_T) and the interpreter's non-flushing exp2 (EXP_FLUSH))."""
+    if interpreted is None:
+        interpreted = kernels_interpreted()
+    path = MatrixPath.parse(matrix_path, "matrix_path")
+    assert not (kv_bf16 and path is not MatrixPath.BF16), (path, kv_bf16)
+    assert all(e in KERNEL_ELEMS for e in (p_elem, v_elem, qk_elem)), (p_elem, v_elem, qk_elem)
+    assert smooth_q_block % block_m == 0, (smooth_q_block, block_m)
+    mask_mode = MASK_NONE if mask_dtype is None else (MASK_BOOL if mask_dtype == torch.bool else MASK_ADD)
+    ceil, q_exp, q_mant = p_rule
+    constexprs = dict(
+        BM=block_m,
+        BN=block_n,
+        DQ=dq,
+        DV=dvp,
+        CAUSAL=is_causal,
+        MASK_MODE=mask_mode,
+        PNQ=pnq,
+        CEIL=ceil,
+        Q_EXP=q_exp,
+        Q_MANT=q_mant,
+        DOT_SCALED=path is MatrixPath.DOT_SCALED,
+        DEBUG_P=debug_p,
+        # The interpreter multiplies in fp32 (its bf16 dot rounds the products).
+        DOT_T=tl.float32 if interpreted else tl.bfloat16,
+        KV_BF16=kv_bf16,
+        OUT_MAX=torch.finfo(out_dtype).max if out_dtype in (torch.float16, torch.bfloat16) else 0.0,
+        VARLEN=varlen,
+        P_ELEM=p_elem,
+        V_ELEM=v_elem,
+        P_CVT=p_cvt,
+        QK_ELEM=qk_elem,
+        SMOOTH_Q_BLOCK=smooth_q_block,
+        # The interpreter's exp2 keeps subnormals; NVIDIA's flushes them (`cast.exp2_ftz`).
+        EXP_FLUSH=interpreted,
+    )
+    return builds.fitted(
+        FwdSpec(FwdKernel.TL, tuple(constexprs.items()), num_warps, num_stages, tuple(compile_options))
+    )

@@ -53,7 +53,7 @@ from mxattention.kernels._triton import aggregate
 from mxattention.kernels.launch import launch
 from mxattention.kernels.online_softmax import LOG2E, finish_lse, finish_o, p_tile
 from mxattention.kernels.rules import KERNEL_ELEMS
-from mxattention.kernels.specs import FwdSpec
+from mxattention.kernels.specs import FwdKernel, FwdSpec
 from mxattention.kernels.targets import Target, current_target, hw_e4m3_cast
 
 try:
@@ -699,8 +699,6 @@ def gluon_fwd_call(
         raise ValueError(
             f"K^ rows B x Hkv x LKP = {bsz * hk * lkp} must be in [1, 2**31) (TMA's int32 row coordinate)"
         )
-    from mxattention.kernels.plan import gluon_fwd_spec
-
     if p_cvt is None:
         p_cvt = p_elem == "e4m3" and hw_e4m3_cast(current_target(qc.device))
     spec = gluon_fwd_spec(
@@ -725,7 +723,7 @@ def gluon_launch(
     lse: torch.Tensor | None = None,
     smooth_q: tuple[torch.Tensor, int] | None = None,
 ) -> tuple[torch.Tensor, GluonFwdCall]:
-    """(lse, the launch) of `spec` (`plan.gluon_fwd_spec`) on these tensors (see `gluon_fwd_call`):
+    """(lse, the launch) of `spec` (`gluon_fwd_spec`) on these tensors (see `gluon_fwd_call`):
     reads the spec and the tensors, nothing else."""
     c = spec.constants
     qc, qs = q_packed
@@ -774,3 +772,38 @@ def mx_attention_fwd_hopper(
         lse, call = gluon_launch(spec, q_packed, kx, vx, **kwargs)
     launch(_mx_attention_fwd_hopper_kernel, call.grid, call.args, call.spec.launch_kwargs, slot)
     return lse
+
+
+def gluon_fwd_spec(
+    *,
+    p_rule: tuple[bool, int, int],
+    pnq: bool,
+    out_dtype: torch.dtype,
+    o_tma: bool,
+    p_elem: str = "e2m1",
+    qk_elem: str = "e2m1",
+    p_cvt: bool = False,
+    smooth_q_block: int = 0,
+) -> FwdSpec:
+    """The `attention_fwd_hopper` launch of a call: Q smoothing's block (`smooth_q_block`, 0 for
+    none; the producer then writes the correction's parts), O by TMA store (`o_tma`: where out takes
+    a descriptor, `attention_fwd_out_tma_ok`), the hardware E4M3 cast (`p_cvt`); the ring's
+    STAGES and the partitions' registers are the module's."""
+    ceil, q_exp, q_mant = p_rule
+    constexprs = dict(
+        DQ=HEAD_DIM,
+        PNQ=pnq,
+        CEIL=ceil,
+        Q_EXP=q_exp,
+        Q_MANT=q_mant,
+        P_ELEM=p_elem,
+        P_CVT=bool(p_cvt and p_elem == "e4m3"),
+        QK_ELEM=qk_elem,
+        OUT_MAX=torch.finfo(out_dtype).max if out_dtype in (torch.float16, torch.bfloat16) else 0.0,
+        STAGES=STAGES,
+        CONSUMER_REGS=CONSUMER_REGS,
+        PRODUCER_REGS=PRODUCER_REGS_CORR if smooth_q_block else PRODUCER_REGS,
+        SMOOTH_Q_BLOCK=smooth_q_block,
+        O_TMA=o_tma,
+    )
+    return FwdSpec(FwdKernel.GLUON, tuple(constexprs.items()), NUM_WARPS)

@@ -53,7 +53,7 @@ from mxattention.kernels.attention_fwd_fp8 import fp8_finish_lse, fp8_finish_o, 
 from mxattention.kernels.cast import e4m3_round
 from mxattention.kernels.launch import launch
 from mxattention.kernels.online_softmax import LOG2E
-from mxattention.kernels.specs import FwdSpec
+from mxattention.kernels.specs import FwdKernel, FwdSpec
 
 HAS_GLUON = hopper.HAS_GLUON
 HEAD_DIM, BLOCK_M, BLOCK_N = hopper.HEAD_DIM, hopper.BLOCK_M, hopper.BLOCK_N
@@ -106,7 +106,7 @@ VARIANTS: dict[str, dict[str, object]] = {
 
 
 def variant_spec(spec: FwdSpec, name: str) -> FwdSpec:
-    """`spec` (`plan.gluon_fp8_fwd_spec`) with the constexprs of schedule variant `name` (`VARIANTS`)."""
+    """`spec` (`gluon_fp8_fwd_spec`) with the constexprs of schedule variant `name` (`VARIANTS`)."""
     if name not in VARIANTS:
         raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {name!r}")
     return FwdSpec(spec.kernel, tuple(dict(spec.constexprs, **VARIANTS[name]).items()), spec.num_warps)
@@ -648,7 +648,7 @@ def fast_gluon_launch(
     out: torch.Tensor,
     lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, FastGluonCall]:
-    """(lse [B, Hq, Lq] fp32, the launch) of `spec` (`plan.gluon_fp8_fwd_spec`) on
+    """(lse [B, Hq, Lq] fp32, the launch) of `spec` (`gluon_fp8_fwd_spec`) on
     `attention_fwd_fp8.fp8_operands`' tensors: q8 [B, Hq, LQP, 128], k8 [B, Hkv, LKP, 128], v8t
     [B, Hkv, 128, LKP] (float8_e4m3fn, contiguous), rowscale fp32 [B, Hq, LQP], colscale fp32
     [B, Hkv, 128]; out [B, Hq, Lq, 128] (any strides)."""
@@ -691,3 +691,27 @@ def mx_attention_fwd_hopper_fp8(*operands: torch.Tensor, spec: FwdSpec, slot=Non
     lse, call = fast_gluon_launch(spec, *operands, **kwargs)
     launch(_fast_fwd_hopper_kernel, call.grid, call.args, spec.launch_kwargs, slot)
     return lse
+
+
+def gluon_fp8_fwd_spec(
+    *, p_rule: tuple[bool, int, int], pnq: bool, out_dtype: torch.dtype, p_cvt: bool = False
+) -> FwdSpec:
+    """The `attention_fwd_hopper_fp8` launch of a fast-mode call (P~'s hardware E4M3 rounding
+    `p_cvt`); the ring's STAGES, the partitions' registers and the schedule are the module's."""
+    ceil, q_exp, q_mant = p_rule
+    constexprs = dict(
+        DQ=HEAD_DIM,
+        PNQ=pnq,
+        CEIL=ceil,
+        Q_EXP=q_exp,
+        Q_MANT=q_mant,
+        P_CVT=bool(p_cvt),
+        OUT_MAX=torch.finfo(out_dtype).max if out_dtype in (torch.float16, torch.bfloat16) else 0.0,
+        STAGES=STAGES,
+        CONSUMER_REGS=CONSUMER_REGS,
+        PRODUCER_REGS=PRODUCER_REGS,
+        OVERLAP=OVERLAP,
+        L_PARTIAL=L_PARTIAL,
+        JOINT_EMPTY=JOINT_EMPTY,
+    )
+    return FwdSpec(FwdKernel.GLUON, tuple(constexprs.items()), NUM_WARPS)

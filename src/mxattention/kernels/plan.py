@@ -7,9 +7,10 @@ operands exist), and the predicates and rules the plan is made of: `unsupported_
 `scale_reason`, `varlen_reason`, `launch_config`, `kv_heads_per_chunk`, `smoothing_heads_per_chunk`,
 `chunk_bytes`, `chunk_streams_for`, `recoverable_waves`, `default_matrix_path`, `cpu_kernels_requested`; it asks `prepass.qk_pass` /
 `prepass.v_pass` (each pass's kernel and tiles) and `attention_fwd_hopper.fwd_kernel_for`. The
-forward's launch spec (`specs.FwdSpec`: every constexpr) is decided here (`tl_fwd_spec`,
-`gluon_fwd_spec`), and so is the plan made again after a build failure (`replan`; the record is
-`builds`'). The plan cache lives here too: `plan_key`, `cached_plan` (a cached plan also holds the
+forward's launch spec (`specs.FwdSpec`: every constexpr) is decided here, by the builder each
+kernel module keeps for its constexprs (`attention_fwd.tl_fwd_spec`, `attention_fwd_hopper.gluon_fwd_spec`,
+`attention_fwd_hopper_fp8.gluon_fp8_fwd_spec`), and so is the plan made again after a build failure
+(`replan`; the record is `builds`'). The plan cache lives here too: `plan_key`, `cached_plan` (a cached plan also holds the
 launch table of its compiled kernels, `launch.launch`), `kernel_plan`.
 
 `fused.fused_attention` and `fused_varlen.fused_varlen_attention` execute a plan; the custom ops
@@ -35,7 +36,10 @@ from mxattention.attention.config import AttentionConfig
 from mxattention.attention.keys import config_from_key
 from mxattention.kernels import builds
 from mxattention.kernels._triton import HAS_TRITON, kernels_interpreted, sm_count
+from mxattention.kernels.attention_fwd import tl_fwd_spec
 from mxattention.kernels.attention_fwd_fp8 import HW_P_CAST, fp8_reason
+from mxattention.kernels.attention_fwd_hopper import gluon_fwd_spec
+from mxattention.kernels.attention_fwd_hopper_fp8 import gluon_fp8_fwd_spec
 from mxattention.kernels.online_softmax import LOG2E
 from mxattention.kernels.prepass import PassPlan, padded_dim, padded_len, qk_pass, v_pass, varlen_v_len
 from mxattention.kernels.rules import KERNEL_ELEMS, rule_constants
@@ -323,139 +327,6 @@ def replan(plan: KernelPlan, query: torch.Tensor, key: torch.Tensor, value: torc
     )  # fmt: skip
 
 
-def tl_fwd_spec(
-    *,
-    block_m: int,
-    block_n: int,
-    dq: int,
-    dvp: int,
-    p_rule: tuple[bool, int, int],
-    pnq: bool,
-    matrix_path: str,
-    kv_bf16: bool,
-    out_dtype: torch.dtype,
-    num_warps: int,
-    num_stages: int,
-    compile_options: tuple[tuple[str, int], ...] = (),
-    is_causal: bool = False,
-    mask_dtype: torch.dtype | None = None,
-    debug_p: bool = False,
-    varlen: bool = False,
-    p_elem: str = "e2m1",
-    v_elem: str = "e2m1",
-    qk_elem: str = "e2m1",
-    p_cvt: bool = False,
-    smooth_q_block: int = 0,
-    interpreted: bool | None = None,
-) -> FwdSpec:
-    """The `attention_fwd` launch of a call: every constexpr decided here (`dq` Q^ / K^'s padded head
-    dim, `dvp` V^'s; `mask_dtype` None for no mask; `interpreted` None: `kernels_interpreted()`, which
-    sets fp32 products (DOT_T) and the interpreter's non-flushing exp2 (EXP_FLUSH))."""
-    from mxattention.kernels._triton import tl
-    from mxattention.kernels.attention_fwd import MASK_ADD, MASK_BOOL, MASK_NONE
-
-    if interpreted is None:
-        interpreted = kernels_interpreted()
-    path = MatrixPath.parse(matrix_path, "matrix_path")
-    assert not (kv_bf16 and path is not MatrixPath.BF16), (path, kv_bf16)
-    assert all(e in KERNEL_ELEMS for e in (p_elem, v_elem, qk_elem)), (p_elem, v_elem, qk_elem)
-    assert smooth_q_block % block_m == 0, (smooth_q_block, block_m)
-    mask_mode = MASK_NONE if mask_dtype is None else (MASK_BOOL if mask_dtype == torch.bool else MASK_ADD)
-    ceil, q_exp, q_mant = p_rule
-    constexprs = dict(
-        BM=block_m,
-        BN=block_n,
-        DQ=dq,
-        DV=dvp,
-        CAUSAL=is_causal,
-        MASK_MODE=mask_mode,
-        PNQ=pnq,
-        CEIL=ceil,
-        Q_EXP=q_exp,
-        Q_MANT=q_mant,
-        DOT_SCALED=path is MatrixPath.DOT_SCALED,
-        DEBUG_P=debug_p,
-        # The interpreter multiplies in fp32 (its bf16 dot rounds the products).
-        DOT_T=tl.float32 if interpreted else tl.bfloat16,
-        KV_BF16=kv_bf16,
-        OUT_MAX=torch.finfo(out_dtype).max if out_dtype in (torch.float16, torch.bfloat16) else 0.0,
-        VARLEN=varlen,
-        P_ELEM=p_elem,
-        V_ELEM=v_elem,
-        P_CVT=p_cvt,
-        QK_ELEM=qk_elem,
-        SMOOTH_Q_BLOCK=smooth_q_block,
-        # The interpreter's exp2 keeps subnormals; NVIDIA's flushes them (`cast.exp2_ftz`).
-        EXP_FLUSH=interpreted,
-    )
-    return builds.fitted(
-        FwdSpec(FwdKernel.TL, tuple(constexprs.items()), num_warps, num_stages, tuple(compile_options))
-    )
-
-
-def gluon_fwd_spec(
-    *,
-    p_rule: tuple[bool, int, int],
-    pnq: bool,
-    out_dtype: torch.dtype,
-    o_tma: bool,
-    p_elem: str = "e2m1",
-    qk_elem: str = "e2m1",
-    p_cvt: bool = False,
-    smooth_q_block: int = 0,
-) -> FwdSpec:
-    """The `attention_fwd_hopper` launch of a call: Q smoothing's block (`smooth_q_block`, 0 for
-    none; the producer then writes the correction's parts), O by TMA store (`o_tma`: where out takes
-    a descriptor, `attention_fwd_hopper.out_tma_ok`), the hardware E4M3 cast (`p_cvt`); the ring's
-    STAGES and the partitions' registers are the module's."""
-    from mxattention.kernels import attention_fwd_hopper as hopper
-
-    ceil, q_exp, q_mant = p_rule
-    constexprs = dict(
-        DQ=hopper.HEAD_DIM,
-        PNQ=pnq,
-        CEIL=ceil,
-        Q_EXP=q_exp,
-        Q_MANT=q_mant,
-        P_ELEM=p_elem,
-        P_CVT=bool(p_cvt and p_elem == "e4m3"),
-        QK_ELEM=qk_elem,
-        OUT_MAX=torch.finfo(out_dtype).max if out_dtype in (torch.float16, torch.bfloat16) else 0.0,
-        STAGES=hopper.STAGES,
-        CONSUMER_REGS=hopper.CONSUMER_REGS,
-        PRODUCER_REGS=hopper.PRODUCER_REGS_CORR if smooth_q_block else hopper.PRODUCER_REGS,
-        SMOOTH_Q_BLOCK=smooth_q_block,
-        O_TMA=o_tma,
-    )
-    return FwdSpec(FwdKernel.GLUON, tuple(constexprs.items()), hopper.NUM_WARPS)
-
-
-def gluon_fp8_fwd_spec(
-    *, p_rule: tuple[bool, int, int], pnq: bool, out_dtype: torch.dtype, p_cvt: bool = False
-) -> FwdSpec:
-    """The `attention_fwd_hopper_fp8` launch of a fast-mode call (P~'s hardware E4M3 rounding
-    `p_cvt`); the ring's STAGES, the partitions' registers and the schedule are the module's."""
-    from mxattention.kernels import attention_fwd_hopper_fp8 as fast
-
-    ceil, q_exp, q_mant = p_rule
-    constexprs = dict(
-        DQ=fast.HEAD_DIM,
-        PNQ=pnq,
-        CEIL=ceil,
-        Q_EXP=q_exp,
-        Q_MANT=q_mant,
-        P_CVT=bool(p_cvt),
-        OUT_MAX=torch.finfo(out_dtype).max if out_dtype in (torch.float16, torch.bfloat16) else 0.0,
-        STAGES=fast.STAGES,
-        CONSUMER_REGS=fast.CONSUMER_REGS,
-        PRODUCER_REGS=fast.PRODUCER_REGS,
-        OVERLAP=fast.OVERLAP,
-        L_PARTIAL=fast.L_PARTIAL,
-        JOINT_EMPTY=fast.JOINT_EMPTY,
-    )
-    return FwdSpec(FwdKernel.GLUON, tuple(constexprs.items()), fast.NUM_WARPS)
-
-
 # Q smoothing's Q^ pass is the Gluon one (`prepass_hopper`: each tile subtracts its block's mean row)
 # only for calls of at most this many head / batch chunks, as measured on the H200 (benchmarks/NOTES.md,
 # v14-smooth, two alternating rounds): one chunk (40 heads x 75600 queries, 512 keys) -2.4 % per call
@@ -532,7 +403,7 @@ class KernelPlan:
     debug_p: bool = False
     interpreted: bool = False  # Triton's CPU interpreter: fp32 output buffer, torch's final cast
     mma: str = "exact"  # "fp8": the fast mode's kernel (`attention_fwd_fp8`, docs/fast_mode.md)
-    fwd: FwdSpec | None = None  # the forward kernel's launch (`tl_fwd_spec` / `gluon_fwd_spec`)
+    fwd: FwdSpec | None = None  # the forward kernel's launch (`attention_fwd.tl_fwd_spec`, ...)
     # What the plan was made of, for `replan` after a build failure (not part of the plan's value).
     config: AttentionConfig | None = field(default=None, compare=False, repr=False)
     call_scale: float = field(default=0.0, compare=False, repr=False)

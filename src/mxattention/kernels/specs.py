@@ -5,7 +5,9 @@ also its documented string, so `plan.fwd_kernel == "gluon"` and the public optio
 working) and `FwdSpec`, the forward kernel's launch: kernel, constexprs, warps, stages and compile
 options; `PlanOverrides`, the options an experiment or `codegen` asks the planner for (never module
 globals swapped); `BuildFailure`, what a launcher raises when its kernel does not build.
-`kernels.plan` builds them (`plan.tl_fwd_spec`, `plan.gluon_fwd_spec`); the launchers
+`kernels.plan` decides them, through the builder each kernel module keeps for its constexprs
+(`attention_fwd.tl_fwd_spec`, `attention_fwd_hopper.gluon_fwd_spec`,
+`attention_fwd_hopper_fp8.gluon_fp8_fwd_spec`); the launchers
 (`attention_fwd.run_fwd`, `attention_fwd_hopper.run_gluon_fwd`) read a spec and tensors, nothing else.
 """
 

@@ -124,7 +124,7 @@ def fast_kernel_only(q, k, v, scale, *, mask=None, is_causal=False, debug_p=None
     b, hq, lq, _ = q.shape
     hk, lk, dv = k.shape[1], k.shape[2], v.shape[3]
     bm = kernel_options.pop("block_m", 128)
-    kernel_options.setdefault("p_cvt", _hw_cast())  # as the plan (run_chunk_fp8)
+    kernel_options.setdefault("p_cvt", _hw_cast())  # as the plan (fused._run_chunk_fp8)
     ops = fp8_operands_via_bf16(
         q, k, v, ("uos",) * 3, hadamard=True, scale=scale, q_len_multiple=max(bm, 128), k_len_multiple=128,
         slots=False,  # the tl kernel's V^ order
@@ -292,7 +292,7 @@ def row_sums() -> dict:
 
 
 def build_info() -> dict:
-    from mxattention.kernels.attention_fwd_fp8 import build_fp8
+    from mxattention.kernels.codegen import build_fp8
     from mxattention.kernels.targets import current_target
 
     target = current_target(torch.device("cuda"))

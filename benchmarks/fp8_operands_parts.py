@@ -84,7 +84,7 @@ def steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> di
 
 
 def whole(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> dict[str, Callable[[], object]]:
-    """Both makers from Q, K, V, as `run_chunk_fp8` runs them."""
+    """Both makers from Q, K, V, as `fused._run_chunk_fp8` runs them."""
     from mxattention.kernels.attention_fwd_fp8 import fp8_operands_from_inputs, fp8_operands_via_bf16
 
     rules = ("uos", "uos", "uos")

@@ -5,9 +5,10 @@ K^ / V^ of the exact pre-pass folded into one-byte E4M3 with their anchors), `fp
 (the three of a chunk from the bf16 pre-pass, with the per-row score scale and the per-column output
 scale: the reference path), `fp8_operands_from_inputs` (the same bytes straight from Q, K, V: the Q^
 fold inside the pre-pass, K^ / V^ from packed MX bytes by `fold_packed`; the planned path) and
-`mx_attention_fwd_fp8` (the attention kernel). `fused.run_plan` calls `run_chunk_fp8` for a plan
-whose `mma` is "fp8". docs/fast_mode.md says what is computed and why; `attention.fast` is its
-emulation, which the tests compare this kernel with. The fold's device functions live in
+`mx_attention_fwd_fp8` (the attention kernel). `fused.run_plan` runs a plan whose `mma` is "fp8"
+through them (`fused._run_chunk_fp8`); `codegen.build_fp8` builds the kernel offline.
+docs/fast_mode.md says what is computed and why; `attention.fast` is its emulation, which the
+tests compare this kernel with. The fold's device functions live in
 `kernels.fold8` (the pre-pass uses them too).
 
 - Fold (`formats.fold`): each value x of Q^ (per row), K^ (per KV head) and V^ (per column)
@@ -628,7 +629,7 @@ def fwd_fp8_call(
     p_cvt: bool = False,
 ) -> tuple[torch.Tensor, tuple[int, int], tuple, dict]:
     """(lse, grid, positional arguments, keyword arguments) of the FP8 kernel's launch on
-    `fp8_operands` (see `mx_attention_fwd_fp8`); `build_fp8` compiles the same launch offline."""
+    `fp8_operands` (see `mx_attention_fwd_fp8`); `codegen.build_fp8` compiles the same launch offline."""
     bsz, hq, lqp, dq = q8.shape
     lkp, dvp = k8.shape[2], v8t.shape[2]
     assert lqp % block_m == 0 and lkp % block_n == 0, (lqp, lkp, block_m, block_n)
@@ -665,73 +666,3 @@ def mx_attention_fwd_fp8(*operands: torch.Tensor, **kwargs) -> torch.Tensor:
     lse, grid, args, kw = fwd_fp8_call(*operands, **kwargs)
     _fp8_attention_kernel[grid](*args, **kw)
     return lse
-
-
-def build_fp8(target, d: int = 128, n: int = 16384, heads: int = 40, causal: bool = False, **options):
-    """(compiled kernel, ptxas log) of the FP8 kernel's launch for one batch of `heads` x `n` x `d`
-    (mxattention-fast, the plan's tiles for `target` unless `options` give block_m / num_warps /
-    num_stages / qk_acc / pv_acc), built offline by `codegen.compile_offline`: no GPU needed."""
-    from mxattention.attention.config import get_method
-    from mxattention.kernels.codegen import compile_offline
-    from mxattention.kernels.plan import launch_config
-    from mxattention.kernels.prepass import padded_dim, padded_len
-    from mxattention.kernels.rules import rule_constants
-    from mxattention.kernels.targets import hw_e4m3_cast
-
-    cfg = get_method("mxattention-fast")
-    bm, _path, _layout, warps, stages, _opts = launch_config(target, d, d, "bf16")
-    bm = options.pop("block_m", bm)
-    dp, bn = padded_dim(d), cfg.block_n
-    lqp, lkp = padded_len(n, max(bm, 128)), padded_len(n, max(bn, 128))
-    f8, f32 = torch.float8_e4m3fn, torch.float32
-    ops = (
-        torch.empty(1, heads, lqp, dp, dtype=f8), torch.empty(1, heads, lqp, dtype=f32),
-        torch.empty(1, heads, lkp, dp, dtype=f8), torch.empty(1, heads, dp, lkp, dtype=f8),
-        torch.empty(1, heads, dp, dtype=f32),
-    )  # fmt: skip
-    pr = rule_constants(cfg.p.rule, cfg.p.elem)
-    kw = dict(num_warps=warps, num_stages=stages, p_cvt=HW_P_CAST and hw_e4m3_cast(target)) | options
-    _lse, _grid, args, kwargs = fwd_fp8_call(
-        *ops, lq=n, lk=n, dv=d, group=1, out=torch.empty(1, heads, n, d, dtype=torch.bfloat16),
-        p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=cfg.pnq, block_n=bn, is_causal=causal, block_m=bm, **kw,
-    )  # fmt: skip
-    kwargs["EXP_FLUSH"] = False  # a compiled build (the launcher's value off the interpreter)
-    return compile_offline(_fp8_attention_kernel, args, kwargs, target)
-
-
-def run_chunk_fp8(plan, chunk, query, key, value, out, lse, dbg, mask, is_causal) -> tuple:
-    """`fused._run_chunk` for a plan whose `mma` is "fp8": the fast mode's pre-passes and folds
-    (`fp8_operands_from_inputs`), the FP8 kernel (the plan's: this `tl` one, or the Gluon one on sm_90); writes this chunk's slices of out, lse (and dbg); returns the
-    operands, which the caller keeps referenced while the kernel may read them."""
-    from mxattention.kernels.prepass import FOLD_OUTS, V_ANCHORED_OUT
-
-    lq, hk, lk, dv = query.shape[2], key.shape[1], key.shape[2], value.shape[3]
-    group = query.shape[1] // hk
-    (b0, b1), (h0, h1) = chunk.batches, chunk.kv_heads
-    bs, kv, qh = slice(b0, b1), slice(h0, h1), slice(h0 * group, h1 * group)
-    lm, ln = max(plan.block_m, 128), max(plan.block_n, 128)
-    # The fast mode's packed passes as the plan made them; a plan made with other passes (written by
-    # hand, e.g. in a benchmark) gets them planned here.
-    fast_outs = (*FOLD_OUTS.values(), V_ANCHORED_OUT)
-    passes = tuple(p if p.out in fast_outs else None for p in (chunk.q_pass, chunk.k_pass, chunk.v_pass))
-    ops = fp8_operands_from_inputs(
-        query[bs, qh], key[bs, kv], value[bs, kv], plan.rules, hadamard=plan.hadamard, scale=plan.scale,
-        q_len_multiple=lm, k_len_multiple=ln, slots=plan.fwd_kernel == "gluon", passes=passes,
-    )  # fmt: skip
-    if plan.fwd_kernel == "gluon":  # the warp-specialized sm_90 kernel (`attention_fwd_hopper_fp8`)
-        from mxattention.kernels.attention_fwd_hopper_fp8 import mx_attention_fwd_hopper_fp8
-
-        lse[bs, qh] = mx_attention_fwd_hopper_fp8(
-            *ops, spec=plan.fwd, lq=lq, lk=lk, group=group, out=out[bs, qh]
-        )
-        return ops
-    dbg_chunk = None if dbg is None else torch.zeros_like(dbg[bs, qh])
-    lse[bs, qh] = mx_attention_fwd_fp8(
-        *ops, lq=lq, lk=lk, dv=dv, group=group, out=out[bs, qh], p_rule=plan.p_rule, pnq=plan.pnq,
-        block_n=plan.block_n, is_causal=is_causal, mask=None if mask is None else mask[bs, qh],
-        block_m=plan.block_m, num_warps=plan.num_warps, num_stages=plan.num_stages, debug_p=dbg_chunk,
-        p_cvt=plan.p_cvt,
-    )  # fmt: skip
-    if dbg is not None:
-        dbg[bs, qh] = dbg_chunk
-    return ops

@@ -492,3 +492,34 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def build_fp8(target, d: int = 128, n: int = 16384, heads: int = 40, causal: bool = False, **options):
+    """(compiled kernel, ptxas log) of the FP8 kernel's launch for one batch of `heads` x `n` x `d`
+    (mxattention-fast, the plan's tiles for `target` unless `options` give block_m / num_warps /
+    num_stages / qk_acc / pv_acc), built offline by `compile_offline`: no GPU needed."""
+    from mxattention.kernels.attention_fwd_fp8 import HW_P_CAST, _fp8_attention_kernel, fwd_fp8_call
+    from mxattention.kernels.plan import launch_config
+    from mxattention.kernels.prepass import padded_dim, padded_len
+    from mxattention.kernels.rules import rule_constants
+    from mxattention.kernels.targets import hw_e4m3_cast
+
+    cfg = get_method("mxattention-fast")
+    bm, _path, _layout, warps, stages, _opts = launch_config(target, d, d, "bf16")
+    bm = options.pop("block_m", bm)
+    dp, bn = padded_dim(d), cfg.block_n
+    lqp, lkp = padded_len(n, max(bm, 128)), padded_len(n, max(bn, 128))
+    f8, f32 = torch.float8_e4m3fn, torch.float32
+    ops = (
+        torch.empty(1, heads, lqp, dp, dtype=f8), torch.empty(1, heads, lqp, dtype=f32),
+        torch.empty(1, heads, lkp, dp, dtype=f8), torch.empty(1, heads, dp, lkp, dtype=f8),
+        torch.empty(1, heads, dp, dtype=f32),
+    )  # fmt: skip
+    pr = rule_constants(cfg.p.rule, cfg.p.elem)
+    kw = dict(num_warps=warps, num_stages=stages, p_cvt=HW_P_CAST and hw_e4m3_cast(target)) | options
+    _lse, _grid, args, kwargs = fwd_fp8_call(
+        *ops, lq=n, lk=n, dv=d, group=1, out=torch.empty(1, heads, n, d, dtype=torch.bfloat16),
+        p_rule=(pr.ceil, pr.q_exp, pr.q_mant), pnq=cfg.pnq, block_n=bn, is_causal=causal, block_m=bm, **kw,
+    )  # fmt: skip
+    kwargs["EXP_FLUSH"] = False  # a compiled build (the launcher's value off the interpreter)
+    return compile_offline(_fp8_attention_kernel, args, kwargs, target)

@@ -275,9 +275,7 @@ def _run_chunk(
     from mxattention.kernels.smoothing import smoothing_correction
 
     if plan.mma == "fp8":
-        from mxattention.kernels.attention_fwd_fp8 import run_chunk_fp8
-
-        return run_chunk_fp8(plan, plan.chunks[index], query, key, value, out, lse, dbg, mask, is_causal)
+        return _run_chunk_fp8(plan, plan.chunks[index], query, key, value, out, lse, dbg, mask, is_causal)
     lq, hk, lk, dv = query.shape[2], key.shape[1], key.shape[2], value.shape[3]
     bm, bn, lkp, qe = plan.block_m, plan.block_n, plan.lk_pad, plan.qk_elem  # (the passes' lengths)
     wide = plan.kv_layout == "bf16"
@@ -365,3 +363,42 @@ def _run_chunk(
     if dbg is not None:
         dbg[bs, qh] = dbg_chunk  # the kernel indexes its buffer as a contiguous [B, heads, Lq, Lk']
     return qp, kp, vp, smooth
+
+
+def _run_chunk_fp8(plan, chunk, query, key, value, out, lse, dbg, mask, is_causal) -> tuple:
+    """`_run_chunk` for a plan whose `mma` is "fp8": the fast mode's pre-passes and folds
+    (`fp8_operands_from_inputs`), the FP8 kernel (the plan's: this `tl` one, or the Gluon one on sm_90); writes this chunk's slices of out, lse (and dbg); returns the
+    operands, which the caller keeps referenced while the kernel may read them."""
+    from mxattention.kernels.attention_fwd_fp8 import fp8_operands_from_inputs, mx_attention_fwd_fp8
+    from mxattention.kernels.prepass import FOLD_OUTS, V_ANCHORED_OUT
+
+    lq, hk, lk, dv = query.shape[2], key.shape[1], key.shape[2], value.shape[3]
+    group = query.shape[1] // hk
+    (b0, b1), (h0, h1) = chunk.batches, chunk.kv_heads
+    bs, kv, qh = slice(b0, b1), slice(h0, h1), slice(h0 * group, h1 * group)
+    lm, ln = max(plan.block_m, 128), max(plan.block_n, 128)
+    # The fast mode's packed passes as the plan made them; a plan made with other passes (written by
+    # hand, e.g. in a benchmark) gets them planned here.
+    fast_outs = (*FOLD_OUTS.values(), V_ANCHORED_OUT)
+    passes = tuple(p if p.out in fast_outs else None for p in (chunk.q_pass, chunk.k_pass, chunk.v_pass))
+    ops = fp8_operands_from_inputs(
+        query[bs, qh], key[bs, kv], value[bs, kv], plan.rules, hadamard=plan.hadamard, scale=plan.scale,
+        q_len_multiple=lm, k_len_multiple=ln, slots=plan.fwd_kernel == "gluon", passes=passes,
+    )  # fmt: skip
+    if plan.fwd_kernel == "gluon":  # the warp-specialized sm_90 kernel (`attention_fwd_hopper_fp8`)
+        from mxattention.kernels.attention_fwd_hopper_fp8 import mx_attention_fwd_hopper_fp8
+
+        lse[bs, qh] = mx_attention_fwd_hopper_fp8(
+            *ops, spec=plan.fwd, lq=lq, lk=lk, group=group, out=out[bs, qh]
+        )
+        return ops
+    dbg_chunk = None if dbg is None else torch.zeros_like(dbg[bs, qh])
+    lse[bs, qh] = mx_attention_fwd_fp8(
+        *ops, lq=lq, lk=lk, dv=dv, group=group, out=out[bs, qh], p_rule=plan.p_rule, pnq=plan.pnq,
+        block_n=plan.block_n, is_causal=is_causal, mask=None if mask is None else mask[bs, qh],
+        block_m=plan.block_m, num_warps=plan.num_warps, num_stages=plan.num_stages, debug_p=dbg_chunk,
+        p_cvt=plan.p_cvt,
+    )  # fmt: skip
+    if dbg is not None:
+        dbg[bs, qh] = dbg_chunk
+    return ops

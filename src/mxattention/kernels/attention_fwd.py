@@ -61,7 +61,7 @@ from mxattention.kernels.launch import launch
 from mxattention.kernels.online_softmax import LOG2E, LOG2E_C, finish_lse, finish_o, p_tile
 from mxattention.kernels.prepass import varlen_v_start
 from mxattention.kernels.rules import KERNEL_ELEMS
-from mxattention.kernels.specs import BuildFailure, FwdKernel, FwdSpec, MatrixPath
+from mxattention.kernels.specs import BuildFailure, FwdKernel, FwdSpec, MatrixPath, softmax_constexprs
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 GRID_Z_MAX = 65535  # CUDA's third grid axis: varlen launches hold at most this many sequences
@@ -672,7 +672,6 @@ def tl_fwd_spec(
     assert all(e in KERNEL_ELEMS for e in (p_elem, v_elem, qk_elem)), (p_elem, v_elem, qk_elem)
     assert smooth_q_block % block_m == 0, (smooth_q_block, block_m)
     mask_mode = MASK_NONE if mask_dtype is None else (MASK_BOOL if mask_dtype == torch.bool else MASK_ADD)
-    ceil, q_exp, q_mant = p_rule
     constexprs = dict(
         BM=block_m,
         BN=block_n,
@@ -680,16 +679,12 @@ def tl_fwd_spec(
         DV=dvp,
         CAUSAL=is_causal,
         MASK_MODE=mask_mode,
-        PNQ=pnq,
-        CEIL=ceil,
-        Q_EXP=q_exp,
-        Q_MANT=q_mant,
+        **softmax_constexprs(p_rule, pnq, out_dtype),
         DOT_SCALED=path is MatrixPath.DOT_SCALED,
         DEBUG_P=debug_p,
         # The interpreter multiplies in fp32 (its bf16 dot rounds the products).
         DOT_T=tl.float32 if interpreted else tl.bfloat16,
         KV_BF16=kv_bf16,
-        OUT_MAX=torch.finfo(out_dtype).max if out_dtype in (torch.float16, torch.bfloat16) else 0.0,
         VARLEN=varlen,
         P_ELEM=p_elem,
         V_ELEM=v_elem,

@@ -53,7 +53,7 @@ from mxattention.kernels._triton import aggregate
 from mxattention.kernels.launch import launch
 from mxattention.kernels.online_softmax import LOG2E, finish_lse, finish_o, p_tile
 from mxattention.kernels.rules import KERNEL_ELEMS
-from mxattention.kernels.specs import FwdKernel, FwdSpec
+from mxattention.kernels.specs import FwdKernel, FwdSpec, softmax_constexprs
 from mxattention.kernels.targets import Target, current_target, hw_e4m3_cast
 
 try:
@@ -787,19 +787,14 @@ def gluon_fwd_spec(
 ) -> FwdSpec:
     """The `attention_fwd_hopper` launch of a call: Q smoothing's block (`smooth_q_block`, 0 for
     none; the producer then writes the correction's parts), O by TMA store (`o_tma`: where out takes
-    a descriptor, `attention_fwd_out_tma_ok`), the hardware E4M3 cast (`p_cvt`); the ring's
+    a descriptor, `out_tma_ok`), the hardware E4M3 cast (`p_cvt`); the ring's
     STAGES and the partitions' registers are the module's."""
-    ceil, q_exp, q_mant = p_rule
     constexprs = dict(
         DQ=HEAD_DIM,
-        PNQ=pnq,
-        CEIL=ceil,
-        Q_EXP=q_exp,
-        Q_MANT=q_mant,
+        **softmax_constexprs(p_rule, pnq, out_dtype),
         P_ELEM=p_elem,
         P_CVT=bool(p_cvt and p_elem == "e4m3"),
         QK_ELEM=qk_elem,
-        OUT_MAX=torch.finfo(out_dtype).max if out_dtype in (torch.float16, torch.bfloat16) else 0.0,
         STAGES=STAGES,
         CONSUMER_REGS=CONSUMER_REGS,
         PRODUCER_REGS=PRODUCER_REGS_CORR if smooth_q_block else PRODUCER_REGS,

@@ -53,7 +53,7 @@ from mxattention.kernels.attention_fwd_fp8 import fp8_finish_lse, fp8_finish_o, 
 from mxattention.kernels.cast import e4m3_round
 from mxattention.kernels.launch import launch
 from mxattention.kernels.online_softmax import LOG2E
-from mxattention.kernels.specs import FwdKernel, FwdSpec
+from mxattention.kernels.specs import FwdKernel, FwdSpec, softmax_constexprs
 
 HAS_GLUON = hopper.HAS_GLUON
 HEAD_DIM, BLOCK_M, BLOCK_N = hopper.HEAD_DIM, hopper.BLOCK_M, hopper.BLOCK_N
@@ -698,15 +698,10 @@ def gluon_fp8_fwd_spec(
 ) -> FwdSpec:
     """The `attention_fwd_hopper_fp8` launch of a fast-mode call (P~'s hardware E4M3 rounding
     `p_cvt`); the ring's STAGES, the partitions' registers and the schedule are the module's."""
-    ceil, q_exp, q_mant = p_rule
     constexprs = dict(
         DQ=HEAD_DIM,
-        PNQ=pnq,
-        CEIL=ceil,
-        Q_EXP=q_exp,
-        Q_MANT=q_mant,
+        **softmax_constexprs(p_rule, pnq, out_dtype),
         P_CVT=bool(p_cvt),
-        OUT_MAX=torch.finfo(out_dtype).max if out_dtype in (torch.float16, torch.bfloat16) else 0.0,
         STAGES=STAGES,
         CONSUMER_REGS=CONSUMER_REGS,
         PRODUCER_REGS=PRODUCER_REGS,

@@ -17,6 +17,8 @@ import functools
 from dataclasses import dataclass, field
 from enum import Enum
 
+import torch
+
 
 class _Choice(str, Enum):
     """A kernel choice that is also its string (`str()` / f-strings give the value, as before)."""
@@ -90,6 +92,15 @@ class FwdSpec:
 
     def __getitem__(self, name: str) -> object:
         return self.constants[name]
+
+
+def softmax_constexprs(p_rule: tuple[bool, int, int], pnq: bool, out_dtype: torch.dtype) -> dict:
+    """The constexprs every forward kernel shares: P~'s scale rule (CEIL, Q_EXP, Q_MANT:
+    `rules.rule_constants`), PNQ, and OUT_MAX, the largest finite value of a 16-bit output (O is
+    saturated there, as `attention.reference.cast_output`; 0: no saturation)."""
+    ceil, q_exp, q_mant = p_rule
+    out_max = torch.finfo(out_dtype).max if out_dtype in (torch.float16, torch.bfloat16) else 0.0
+    return dict(PNQ=pnq, CEIL=ceil, Q_EXP=q_exp, Q_MANT=q_mant, OUT_MAX=out_max)
 
 
 class BuildFailure(RuntimeError):

@@ -2,8 +2,9 @@
 (`prepass`: Q^ folded in registers, K^ / V^ anchors) and the fold kernels of `attention_fwd_fp8`.
 
 Exposes `FOLD_TOP`, `NO_ANCHOR`, `finite_abs`, `anchor_of`, `anchor_or_zero`, `fold_values`,
-`e4m3_bytes`, `fold_rows`, `fold_decoded`, `key_slot`, `in_key_slots`, `pow2_bits` and `score_factor`. Imports only `cast`, so `prepass` can use them without
-importing the attention kernels.
+`e4m3_bytes`, `fold_rows`, `fold_decoded`, `key_slot`, `in_key_slots`, `pow2_bits` and
+`score_factor`. Imports only `cast`, so `prepass` can use them without importing the attention
+kernels.
 """
 
 from __future__ import annotations
@@ -116,13 +117,14 @@ def fold_decoded(v, scales, a, R: tl.constexpr, C: tl.constexpr, BY_BITS: tl.con
     """float8e4nv bytes [R, C] of packed E2M1 values decoded to v = value 2**-14 (fp32 [R, C], signed:
     `cast.dequant_e2m1`'s first step) with E8M0 bytes `scales` [R, C / 32] along the last axis, each
     row folded with its anchor a [R] (int32, `anchor_or_zero`'s): bit for bit
-    `e4m3_bytes(fold_values(dequant_e2m1(...), a), True)` (BY_BITS as `e4m3_bytes`'). Where every block lies at most 8 binades under its anchor
-    (or holds NaN) one multiply by 2**(e - a + 14) gives each folded value exactly; else the tile
-    decodes and rounds as `fold_values`."""
+    `e4m3_bytes(fold_values(dequant_e2m1(...), a), True)` (BY_BITS as `e4m3_bytes`'). Where every
+    block lies at most 8 binades under its anchor (or holds NaN) one multiply by 2**(e - a + 14)
+    gives each folded value exactly; else the tile decodes and rounds as `fold_values` (a block of
+    zeros far under its anchor sends its tile there too: its scale byte does not say it is zero)."""
     nan = scales == 255
     k = scales.to(tl.int32) - 127 - a[:, None]
     if tl.max(((k < -8) & ~nan).to(tl.int32)) == 0:
-        # (zero blocks may sit anywhere: their values stay 0, so k is only clamped to a finite factor)
+        # (k of a block of zeros may be large: its values stay 0, so k is only clamped to a finite factor)
         factor = tl.where(nan, float("nan"), exp2_int(tl.minimum(k, 113) + 14))
         f = tl.fma(tl.reshape(v, [R, C // 32, 32]), tl.reshape(factor, [R, C // 32, 1]), 0.0)
         return e4m3_bytes(tl.reshape(f, [R, C]), BY_BITS)

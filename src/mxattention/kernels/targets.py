@@ -158,6 +158,9 @@ FWD_TILES: dict[str, tuple[tuple[int, FwdTiles], ...]] = {
 # with test_pv8_hw_cast_same_p_decisions (O, lse, Q(P~) identical with and without the cast); at
 # (40, 16384, 128) pv8 took 13.31 / 13.42 ms with the cast, 15.33 / 15.44 ms without, mxattention
 # 13.64 / 13.75 ms (two rounds, one process). Other families take the generic float-adder rounding.
+# The fast mode's Q^ pass converts its folded values with it too (`prepass.PassPlan.hw_cast`). The
+# cast is not right in every layout: in the K^ / V^ fold tiles at head dim 32 it wrote zeros for
+# some values (H200, Triton 3.6, 2026-12-04), so those folds build their bytes from the bits.
 HW_E4M3_CAST: frozenset[str] = frozenset({"sm_90"})
 
 

@@ -199,7 +199,7 @@ def _fold_packed_kernel(
         codes = tl.load(Codes + crow + tl.arange(0, BL // 2)[None, :])
         scales = tl.load(Scales + srow + tl.arange(0, BL // 32)[None, :])
         a = anchor_or_zero(tl.load(A + bh * DP + tl.arange(0, DP)))
-        f = fold_decoded(decode_e2m1(codes, DP, BL), scales, a, DP, BL, True)  # [DP, BL]
+        f = fold_decoded(decode_e2m1(codes, DP, BL), scales, a, DP, BL)  # [DP, BL]
         if SLOTS:
             f = in_key_slots(f)
         tl.store(F + (bh * DP + d) * L + pid * BL + tl.arange(0, BL)[None, :], f)
@@ -210,7 +210,7 @@ def _fold_packed_kernel(
         codes = tl.load(Codes + rows * (DP // 2) + tl.arange(0, DP // 2)[None, :])
         scales = tl.load(Scales + rows * (DP // 32) + tl.arange(0, DP // 32)[None, :])
         a = anchor_or_zero(tl.load(A + bh)) + tl.zeros([BL], tl.int32)
-        f = fold_decoded(decode_e2m1(codes, BL, DP), scales, a, BL, DP, True)
+        f = fold_decoded(decode_e2m1(codes, BL, DP), scales, a, BL, DP)
         tl.store(F + rows * DP + tl.arange(0, DP)[None, :], f)
 
 

@@ -113,21 +113,23 @@ def fold_rows(x3, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constexpr,
 
 
 @triton.jit
-def fold_decoded(v, scales, a, R: tl.constexpr, C: tl.constexpr, BY_BITS: tl.constexpr):
+def fold_decoded(v, scales, a, R: tl.constexpr, C: tl.constexpr):
     """float8e4nv bytes [R, C] of packed E2M1 values decoded to v = value 2**-14 (fp32 [R, C], signed:
     `cast.dequant_e2m1`'s first step) with E8M0 bytes `scales` [R, C / 32] along the last axis, each
     row folded with its anchor a [R] (int32, `anchor_or_zero`'s): bit for bit
-    `e4m3_bytes(fold_values(dequant_e2m1(...), a), True)` (BY_BITS as `e4m3_bytes`'). Where every
-    block lies at most 8 binades under its anchor (or holds NaN) one multiply by 2**(e - a + 14)
-    gives each folded value exactly; else the tile decodes and rounds as `fold_values` (a block of
-    zeros far under its anchor sends its tile there too: its scale byte does not say it is zero)."""
+    `e4m3_bytes(fold_values(dequant_e2m1(...), a), True)`, the bytes built from the bits (Triton
+    3.6's conversion wrote zeros in these tiles at head dim 32 on the H200: `targets.HW_E4M3_CAST`).
+    Where every block lies at most 8 binades under its anchor (or holds NaN) one multiply by
+    2**(e - a + 14) gives each folded value exactly; else the tile decodes and rounds as
+    `fold_values` (a block of zeros far under its anchor sends its tile there too: its scale byte
+    does not say it is zero)."""
     nan = scales == 255
     k = scales.to(tl.int32) - 127 - a[:, None]
     if tl.max(((k < -8) & ~nan).to(tl.int32)) == 0:
         # (k of a block of zeros may be large: its values stay 0, so k is only clamped to a finite factor)
         factor = tl.where(nan, float("nan"), exp2_int(tl.minimum(k, 113) + 14))
         f = tl.fma(tl.reshape(v, [R, C // 32, 32]), tl.reshape(factor, [R, C // 32, 1]), 0.0)
-        return e4m3_bytes(tl.reshape(f, [R, C]), BY_BITS)
+        return e4m3_bytes(tl.reshape(f, [R, C]), True)
     else:
         return e4m3_bytes(fold_values(_times_scales(v, scales, 14, R, C), a[:, None]), True)
 

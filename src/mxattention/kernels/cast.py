@@ -19,12 +19,14 @@ the same exact integer / power-of-two arithmetic so the bytes agree bit for bit:
 - `elem_round` / `elem_code`: the same for the element ladder ELEM, a constexpr ("e2m1" or
   "e4m3": E4M3's 7-bit magnitude code, saturation at 448 * 2**e; `e4m3_round` on scaled values).
 - `cast_blocks`: the whole cast of fp32 blocks along one axis (codes, E8M0 bytes and values), as
-  `formats.mx.mx_quantize` / `fake_quantize`, on either ladder.
+  `formats.mx.mx_quantize` / `fake_quantize`, on either ladder; `block_magnitudes`: its steps before
+  the outputs (block maxima, exponents, rounded magnitudes), which the fast mode's Q^ fold shares.
 - `cast_packed`: the same cast along the last axis straight to packed int32 words (the pre-pass's
   Q^ and packed K^), with the rotation's 1/sqrt(b) folded into the block scale; `signed_nibbles`
   and `pack_nibble_words` are its packing steps.
 - `pack_nibbles`, `unpack_nibbles`, `dequant_e2m1`: packing (element 2i in the low nibble) and
-  decoding codes x 2**e to fp32 values that bf16 holds exactly (bf16 has fp32's exponent range);
+  decoding codes x 2**e to fp32 values that bf16 holds exactly (bf16 has fp32's exponent range;
+  `decode_e2m1` is its first step, the codes' values times 2**-14);
   `dequant_e4m3`: E4M3 bytes x 2**e to fp32 (exact in bf16 for 2**e >= 2**-124, see its doc).
 
 The host-side encoding of a rule is `rule_constants(rule)` in `mxattention.kernels.rules`.
@@ -432,6 +434,27 @@ def _block_amax_bits(x3, AXIS: tl.constexpr, IN_THREAD: tl.constexpr):
 
 
 @triton.jit
+def block_magnitudes(
+    x3, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constexpr, AXIS: tl.constexpr,
+    IN_THREAD: tl.constexpr, ELEM: tl.constexpr,
+):  # fmt: skip
+    """The steps of the MX cast of fp32 x3 (blocks along AXIS) before its outputs: (bad: the blocks
+    holding NaN or Inf; amax: each block's max |x| as fp32, 0 for a bad one; e: its shared exponent
+    under the rule; r: each |x| 2**-e rounded onto the ELEM ladder, exact, like x3). `cast_blocks`
+    and the fast mode's Q^ fold (`fold8.fold_rows`) both start here, so they round alike."""
+    amax_bits = _block_amax_bits(x3, AXIS, IN_THREAD)
+    bad = amax_bits >= 0x7F800000
+    amax = tl.where(bad, 0, amax_bits).to(tl.float32, bitcast=True)
+    e = shared_exponent(amax, CEIL, Q_EXP, Q_MANT)
+    a = tl.abs(x3) * tl.expand_dims(exp2_int(-e), AXIS)
+    if ELEM == "e4m3":
+        r = e4m3_round(a)
+    else:
+        r = e2m1_round(a, 1.0)
+    return bad, amax, e, r
+
+
+@triton.jit
 def cast_blocks(
     x3,
     CEIL: tl.constexpr,
@@ -451,16 +474,8 @@ def cast_blocks(
     reduced (`_block_amax_bits`; the same result either way). No defaults: Triton 3.6 (the H200's)
     passes a string constexpr default to an inner jit function as a raw str and fails to compile.
     """
-    bits = x3.to(tl.int32, bitcast=True)
-    amax_bits = _block_amax_bits(x3, AXIS, IN_THREAD)
-    bad = amax_bits >= 0x7F800000
-    e = shared_exponent(tl.where(bad, 0, amax_bits).to(tl.float32, bitcast=True), CEIL, Q_EXP, Q_MANT)
-    a = tl.abs(x3) * tl.expand_dims(exp2_int(-e), AXIS)
-    if ELEM == "e4m3":
-        r = e4m3_round(a)
-    else:
-        r = e2m1_round(a, 1.0)
-    sign = bits & -2147483648  # -0.0 keeps its sign, as in mx_quantize
+    bad, _amax, e, r = block_magnitudes(x3, CEIL, Q_EXP, Q_MANT, AXIS, IN_THREAD, ELEM)
+    sign = x3.to(tl.int32, bitcast=True) & -2147483648  # -0.0 keeps its sign, as in mx_quantize
     if ELEM == "e4m3":
         sign_bit = (sign >> 24) & 128
     else:

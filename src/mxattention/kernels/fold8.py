@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from mxattention.kernels._triton import tl, triton
 from mxattention.kernels.cast import (
-    _block_amax_bits,
     _times_scales,
+    block_magnitudes,
     e2m1_round,
     e4m3_round,
     elem_code,
     exp2_int,
     floor_log2_mantissa,
-    shared_exponent,
 )
 
 FOLD_TOP = 8  # formats.fold.FOLD_TOP: a group's largest value folds to 256 or 384
@@ -86,12 +85,7 @@ def fold_rows(x3, CEIL: tl.constexpr, Q_EXP: tl.constexpr, Q_MANT: tl.constexpr,
     """
     R: tl.constexpr = x3.shape[0]
     NB: tl.constexpr = x3.shape[1]
-    amax_bits = _block_amax_bits(x3, 2, IN_THREAD)
-    bad = amax_bits >= 0x7F800000
-    amax = tl.where(bad, 0, amax_bits).to(tl.float32, bitcast=True)
-    e = shared_exponent(amax, CEIL, Q_EXP, Q_MANT)
-    # As cast_blocks: the magnitudes' rounding against the block scale (NaN / Inf blocks: NaN values).
-    r = e2m1_round(tl.abs(x3) * exp2_int(-e)[:, :, None], 1.0)
+    bad, amax, e, r = block_magnitudes(x3, CEIL, Q_EXP, Q_MANT, 2, IN_THREAD, "e2m1")  # (bad blocks: NaN r)
     top = e2m1_round(amax * exp2_int(-e), 1.0) * exp2_int(e)  # 0 for a NaN / Inf block (finite_abs)
     a = anchor_or_zero(anchor_of(tl.max(top, 1)))
     k = e - a[:, None]

@@ -8,8 +8,8 @@ fold inside the pre-pass, K^ / V^ from packed MX bytes by `fold_packed`; the pla
 `mx_attention_fwd_fp8` (the attention kernel). `fused.run_plan` runs a plan whose `mma` is "fp8"
 through them (`fused._run_chunk_fp8`); `codegen.build_fp8` builds the kernel offline.
 docs/fast_mode.md says what is computed and why; `attention.fast` is its emulation, which the
-tests compare this kernel with. The fold's device functions live in
-`kernels.fold8` (the pre-pass uses them too).
+tests compare this kernel with. The fold's device functions live in `kernels.fold8` (the pre-pass
+uses them too).
 
 - Fold (`formats.fold`): each value x of Q^ (per row), K^ (per KV head) and V^ (per column)
   becomes f = E4M3(x 2**-a), a = floor(log2 max|x| of its group) - 8, computed from the exact bf16

@@ -367,8 +367,10 @@ def _run_chunk(
 
 def _run_chunk_fp8(plan, chunk, query, key, value, out, lse, dbg, mask, is_causal) -> tuple:
     """`_run_chunk` for a plan whose `mma` is "fp8": the fast mode's pre-passes and folds
-    (`fp8_operands_from_inputs`), the FP8 kernel (the plan's: this `tl` one, or the Gluon one on sm_90); writes this chunk's slices of out, lse (and dbg); returns the
-    operands, which the caller keeps referenced while the kernel may read them."""
+    (`attention_fwd_fp8.fp8_operands_from_inputs`), then the plan's FP8 kernel (the portable `tl`
+    one, `attention_fwd_fp8`, or the Gluon one on sm_90, `attention_fwd_hopper_fp8`); writes this
+    chunk's slices of out, lse (and dbg); returns the operands, which the caller keeps referenced
+    while the kernel may read them."""
     from mxattention.kernels.attention_fwd_fp8 import fp8_operands_from_inputs, mx_attention_fwd_fp8
     from mxattention.kernels.prepass import FOLD_OUTS, V_ANCHORED_OUT
 

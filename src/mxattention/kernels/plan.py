@@ -8,9 +8,10 @@ operands exist), and the predicates and rules the plan is made of: `unsupported_
 `chunk_bytes`, `chunk_streams_for`, `recoverable_waves`, `default_matrix_path`, `cpu_kernels_requested`; it asks `prepass.qk_pass` /
 `prepass.v_pass` (each pass's kernel and tiles) and `attention_fwd_hopper.fwd_kernel_for`. The
 forward's launch spec (`specs.FwdSpec`: every constexpr) is decided here, by the builder each
-kernel module keeps for its constexprs (`attention_fwd.tl_fwd_spec`, `attention_fwd_hopper.gluon_fwd_spec`,
-`attention_fwd_hopper_fp8.gluon_fp8_fwd_spec`), and so is the plan made again after a build failure
-(`replan`; the record is `builds`'). The plan cache lives here too: `plan_key`, `cached_plan` (a cached plan also holds the
+kernel module keeps for its constexprs (`attention_fwd.tl_fwd_spec`,
+`attention_fwd_hopper.gluon_fwd_spec`, `attention_fwd_hopper_fp8.gluon_fp8_fwd_spec`), and so is
+the plan made again after a build failure (`replan`; the record is `builds`'). The plan cache
+lives here too: `plan_key`, `cached_plan` (a cached plan also holds the
 launch table of its compiled kernels, `launch.launch`), `kernel_plan`.
 
 `fused.fused_attention` and `fused_varlen.fused_varlen_attention` execute a plan; the custom ops
